@@ -1,0 +1,25 @@
+# dlock: distributed leases with fencing tokens, as a PostgreSQL extension.
+# Build with PGXS: make && make install; test against a running server with
+# make installcheck (pg_regress, isolation specs, TAP).  tools/test does all of
+# that on a throwaway cluster.
+
+MODULE_big = dlock
+OBJS = \
+	extension/dlock.o \
+	extension/keylock.o \
+	extension/lease.o \
+	extension/fence.o
+
+EXTENSION = dlock
+DATA = extension/dlock--0.1.sql
+PGFILEDESC = "dlock - leases with fencing tokens"
+
+REGRESS = lease_api lease_errors
+REGRESS_OPTS = --inputdir=. --load-extension=dlock
+ISOLATION = acquire_race stale_owner repeatable_read
+ISOLATION_OPTS = --load-extension=dlock
+TAP_TESTS = 1
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,703 @@
+/*-------------------------------------------------------------------------
+ *
+ * lease.c
+ *		The lease API: try_acquire, acquire, renew, release, prune.
+ *
+ * Lease state lives in dlock.leases and is accessed through SPI with
+ * plans prepared once per backend.  Three rules make it safe:
+ *
+ * 1. Every change to a key happens under its key lock (keylock.c), held
+ *	  until the end of the transaction, so a reader that takes the lock
+ *	  sees every earlier change committed.
+ * 2. Every read uses a fresh snapshot (GetLatestSnapshot), never the
+ *	  caller's transaction snapshot: a REPEATABLE READ caller whose
+ *	  snapshot predates a grant must still see that grant.
+ * 3. Storage is accessed as the owner of dlock.leases, so PUBLIC needs no
+ *	  privilege on it, and every operator in our SQL is schema-qualified,
+ *	  so the caller's search_path cannot inject code into those queries.
+ *
+ * Durability: a grant or renewal forces its transaction's commit to be
+ * synchronous (it raises synchronous_commit for this transaction only), so
+ * a lease that was returned survives a crash.  A fencing token drawn inside
+ * an explicit transaction block is flushed to WAL at once, because the
+ * caller can see it before commit: if the transaction then never commits
+ * (rollback, crash), the token must still never be issued again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "commands/sequence.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "replication/syncrep.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+#include "dlock.h"
+
+PG_FUNCTION_INFO_V1(dlock_try_acquire);
+PG_FUNCTION_INFO_V1(dlock_acquire);
+PG_FUNCTION_INFO_V1(dlock_renew);
+PG_FUNCTION_INFO_V1(dlock_release);
+PG_FUNCTION_INFO_V1(dlock_prune);
+
+/* Longest pause between two attempts while another transaction holds the
+ * key lock in a bounded acquire (lease releases wake waiters at once). */
+#define BUSY_BACKOFF_MAX_MS		10
+
+typedef enum GrantResult
+{
+	GRANT_OK,					/* granted; the key lock is held */
+	GRANT_HELD,					/* another owner holds an unexpired lease */
+	GRANT_BUSY					/* key lock not available (nowait) */
+} GrantResult;
+
+/* What storage_begin saves for storage_end. */
+typedef struct StorageSave
+{
+	Oid			userid;
+	int			sec_context;
+} StorageSave;
+
+/* Plans kept for the life of the backend. */
+static SPIPlanPtr plan_read = NULL;
+static SPIPlanPtr plan_grant_update = NULL;
+static SPIPlanPtr plan_grant_insert = NULL;
+static SPIPlanPtr plan_renew = NULL;
+static SPIPlanPtr plan_release = NULL;
+static SPIPlanPtr plan_prune = NULL;
+
+/* Return the OID of relation relname in schema dlock. */
+static Oid
+dlock_relid(const char *relname)
+{
+	Oid			relid;
+
+	relid = get_relname_relid(relname, get_namespace_oid("dlock", false));
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("relation dlock.%s does not exist", relname),
+				 errhint("Reinstall the extension with DROP EXTENSION dlock; CREATE EXTENSION dlock.")));
+	return relid;
+}
+
+/*
+ * Connect to SPI and become the owner of dlock.leases until storage_end.
+ * An error in between restores the user at transaction (or subtransaction)
+ * abort.
+ */
+static void
+storage_begin(StorageSave *save)
+{
+	HeapTuple	tup;
+	Oid			relid = dlock_relid("leases");
+	Oid			owner;
+
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	GetUserIdAndSecContext(&save->userid, &save->sec_context);
+	SetUserIdAndSecContext(owner,
+						   save->sec_context | SECURITY_LOCAL_USERID_CHANGE);
+}
+
+/* Undo storage_begin. */
+static void
+storage_end(StorageSave *save)
+{
+	SetUserIdAndSecContext(save->userid, save->sec_context);
+	if (SPI_finish() != SPI_OK_FINISH)
+		elog(ERROR, "SPI_finish failed");
+}
+
+/* Return the cached plan *cache, preparing and keeping it the first time. */
+static SPIPlanPtr
+storage_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
+{
+	if (*cache == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 sql, SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		*cache = plan;
+	}
+	return *cache;
+}
+
+/*
+ * Run plan with values under a fresh snapshot; return the number of rows
+ * processed.  Inside storage_begin/storage_end only.
+ */
+static uint64
+storage_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only)
+{
+	int			rc;
+
+	rc = SPI_execute_snapshot(plan, values, nulls, GetLatestSnapshot(),
+							  InvalidSnapshot, read_only, false, 0);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_snapshot failed: %s",
+			 SPI_result_code_string(rc));
+	return SPI_processed;
+}
+
+/* Read the current state of key into *lease.  Inside storage only. */
+static void
+storage_read(text *key, DlockLease *lease)
+{
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+	SPIPlanPtr	plan;
+
+	plan = storage_plan(&plan_read,
+						"SELECT owner, fence, expires_at FROM dlock.leases"
+						" WHERE key OPERATOR(pg_catalog.=) $1",
+						1, argtypes);
+	values[0] = PointerGetDatum(key);
+	memset(lease, 0, sizeof(DlockLease));
+	if (storage_exec(plan, values, NULL, true) == 1)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		Datum		d;
+
+		lease->found = true;
+		d = SPI_getbinval(tup, desc, 1, &isnull);
+		lease->held = !isnull;
+		if (!isnull)
+			memcpy(&lease->owner, DatumGetUUIDP(d), sizeof(pg_uuid_t));
+		lease->fence = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
+		lease->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3,
+															  &isnull));
+	}
+}
+
+/*
+ * Read the current state of key into *lease, with a fresh snapshot.  The
+ * caller decides which key lock, if any, makes the answer stable.
+ */
+void
+dlock_read_lease(text *key, DlockLease *lease)
+{
+	StorageSave save;
+
+	storage_begin(&save);
+	storage_read(key, lease);
+	storage_end(&save);
+}
+
+/* Is *lease held by someone and unexpired at now? */
+static inline bool
+lease_is_live(const DlockLease *lease, TimestampTz now)
+{
+	return lease->found && lease->held && lease->expires_at > now;
+}
+
+/* Raise the NULL-argument error for parameter name. */
+static void
+null_argument(const char *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("%s must not be null", name),
+			 errhint("Pass a value: dlock functions return NULL only to report a refused grant or a lost lease.")));
+}
+
+/* Return argument argno, a key, after checking it. */
+static text *
+key_argument(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *key;
+
+	if (PG_ARGISNULL(argno))
+		null_argument("key");
+	key = PG_GETARG_TEXT_PP(argno);
+	dlock_check_key(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+	return key;
+}
+
+/*
+ * Return the end of a lease of ttl starting at now, after checking that
+ * ttl is positive and within dlock.max_ttl.
+ */
+static TimestampTz
+lease_end(TimestampTz now, Interval *ttl)
+{
+	TimestampTz end;
+
+	end = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												  TimestampTzGetDatum(now),
+												  IntervalPGetDatum(ttl)));
+	if (end <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be positive"),
+				 errdetail("The ttl given was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(ttl)))),
+				 errhint("Pass how long the lease should last, for example '30 seconds'.")));
+	if ((end - now) / 1000 > dlock_max_ttl_ms)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl exceeds dlock.max_ttl"),
+				 errdetail("The ttl given was %s; dlock.max_ttl is %d ms.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(ttl))),
+						   dlock_max_ttl_ms),
+				 errhint("Use a shorter ttl and renew the lease while you work, or ask an administrator to raise dlock.max_ttl.")));
+	return end;
+}
+
+/* Return argument argno, a ttl, after checking it against the clock. */
+static Interval *
+ttl_argument(FunctionCallInfo fcinfo, int argno)
+{
+	Interval   *ttl;
+
+	if (PG_ARGISNULL(argno))
+		null_argument("ttl");
+	ttl = PG_GETARG_INTERVAL_P(argno);
+	(void) lease_end(GetCurrentTimestamp(), ttl);
+	return ttl;
+}
+
+/* Return argument argno, an owner. */
+static pg_uuid_t *
+owner_argument(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		null_argument("owner");
+	return PG_GETARG_UUID_P(argno);
+}
+
+/*
+ * Return the holder label of argument argno: the argument, or
+ * application_name when it is NULL; NULL when both are empty.
+ */
+static text *
+holder_argument(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *holder = NULL;
+
+	if (!PG_ARGISNULL(argno))
+		holder = PG_GETARG_TEXT_PP(argno);
+	else if (application_name != NULL && application_name[0] != '\0')
+		holder = cstring_to_text(application_name);
+	if (holder != NULL && VARSIZE_ANY_EXHDR(holder) > DLOCK_MAX_HOLDER_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("holder label is too long"),
+				 errdetail("The label is %d bytes long; the limit is %d bytes.",
+						   (int) VARSIZE_ANY_EXHDR(holder),
+						   DLOCK_MAX_HOLDER_BYTES)));
+	return holder;
+}
+
+/*
+ * Make sure this transaction commits synchronously: a grant or renewal
+ * must survive a crash once the caller has seen it.  Set for the
+ * transaction only, like SET LOCAL; the session's setting comes back
+ * afterwards.
+ */
+static void
+force_synchronous_commit(void)
+{
+	if (synchronous_commit < SYNCHRONOUS_COMMIT_ON)
+		(void) set_config_option("synchronous_commit", "on",
+								 PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_LOCAL, true, 0, false);
+}
+
+/*
+ * Draw the next fencing token.  Inside an explicit transaction block the
+ * caller sees the token before commit, so the sequence's WAL is flushed
+ * (and sent to synchronous standbys) now: after a crash the sequence must
+ * not hand the same number out again, even if this transaction never
+ * commits.  In autocommit the commit itself does that before the caller
+ * sees anything.
+ */
+static int64
+draw_fence(void)
+{
+	int64		fence = nextval_internal(dlock_relid("fence_seq"), false);
+
+	if (IsTransactionBlock())
+	{
+		XLogRecPtr	lsn = GetXLogInsertRecPtr();
+
+		XLogFlush(lsn);
+		SyncRepWaitForLSN(lsn, false);
+	}
+	return fence;
+}
+
+/* Fill *owner with a version 4 UUID from the strong random source. */
+static void
+new_owner(pg_uuid_t *owner)
+{
+	if (!pg_strong_random(owner->data, UUID_LEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("could not generate a random owner token")));
+	owner->data[6] = (owner->data[6] & 0x0f) | 0x40;	/* version 4 */
+	owner->data[8] = (owner->data[8] & 0x3f) | 0x80;	/* RFC 4122 variant */
+}
+
+/*
+ * One attempt to grant key for ttl.  With nowait, give up (GRANT_BUSY)
+ * rather than wait for another transaction holding the key lock.  With
+ * quick_refusal, first look without the lock and refuse at once if the
+ * lease is held: a refusal needs no lock, only a grant does.  On GRANT_OK
+ * the key lock stays held until the end of the transaction and *lease is
+ * the new lease; on GRANT_HELD *lease is the lease that is in the way.
+ */
+static GrantResult
+attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
+			  bool quick_refusal, DlockLease *lease)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	StorageSave save;
+	TimestampTz now;
+	Oid			argtypes[6] = {TEXTOID, UUIDOID, INT8OID, TIMESTAMPTZOID,
+	TEXTOID, TIMESTAMPTZOID};
+	Datum		values[6];
+	char		nulls[6] = "      ";
+	SPIPlanPtr	plan;
+
+	storage_begin(&save);
+	if (quick_refusal)
+	{
+		storage_read(key, lease);
+		if (lease_is_live(lease, GetCurrentTimestamp()))
+		{
+			storage_end(&save);
+			return GRANT_HELD;
+		}
+	}
+
+	if (!dlock_lock_key(k, len, ExclusiveLock, nowait))
+	{
+		storage_end(&save);
+		return GRANT_BUSY;
+	}
+	storage_read(key, lease);
+	now = GetCurrentTimestamp();
+	if (lease_is_live(lease, now))
+	{
+		dlock_unlock_key(k, len, ExclusiveLock);
+		storage_end(&save);
+		return GRANT_HELD;
+	}
+
+	lease->found = true;
+	lease->held = true;
+	lease->expires_at = lease_end(now, ttl);
+	lease->fence = draw_fence();
+	new_owner(&lease->owner);
+
+	values[0] = PointerGetDatum(key);
+	values[1] = UUIDPGetDatum(&lease->owner);
+	values[2] = Int64GetDatum(lease->fence);
+	values[3] = TimestampTzGetDatum(lease->expires_at);
+	values[4] = PointerGetDatum(holder);
+	if (holder == NULL)
+		nulls[4] = 'n';
+	values[5] = TimestampTzGetDatum(now);
+
+	/*
+	 * Update the key's row if it has one (a HOT update: only non-indexed
+	 * columns change), else insert it.  A row deleted by a concurrent
+	 * prune() makes the update find nothing, and the insert then succeeds:
+	 * prune deletes only rows of free keys, and we hold the key lock.
+	 */
+	plan = storage_plan(&plan_grant_update,
+						"UPDATE dlock.leases"
+						" SET owner = $2, fence = $3, expires_at = $4,"
+						" holder = $5, granted_at = $6"
+						" WHERE key OPERATOR(pg_catalog.=) $1",
+						6, argtypes);
+	if (storage_exec(plan, values, nulls, false) == 0)
+	{
+		plan = storage_plan(&plan_grant_insert,
+							"INSERT INTO dlock.leases"
+							" (key, owner, fence, expires_at, holder, granted_at)"
+							" VALUES ($1, $2, $3, $4, $5, $6)",
+							6, argtypes);
+		(void) storage_exec(plan, values, nulls, false);
+	}
+	storage_end(&save);
+
+	force_synchronous_commit();
+	return GRANT_OK;
+}
+
+/* Build the dlock.lease result of a grant. */
+static Datum
+lease_result(FunctionCallInfo fcinfo, text *key, DlockLease *lease)
+{
+	TupleDesc	tupdesc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	pg_uuid_t  *owner = palloc(sizeof(pg_uuid_t));
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	tupdesc = BlessTupleDesc(tupdesc);
+
+	memcpy(owner, &lease->owner, sizeof(pg_uuid_t));
+	values[0] = PointerGetDatum(key);
+	values[1] = UUIDPGetDatum(owner);
+	values[2] = Int64GetDatum(lease->fence);
+	values[3] = TimestampTzGetDatum(lease->expires_at);
+	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+}
+
+/*
+ * dlock.try_acquire(key, ttl, holder): grant the lease when key is free or
+ * its lease has expired, else return NULL at once.
+ */
+Datum
+dlock_try_acquire(PG_FUNCTION_ARGS)
+{
+	text	   *key = key_argument(fcinfo, 0);
+	Interval   *ttl = ttl_argument(fcinfo, 1);
+	text	   *holder = holder_argument(fcinfo, 2);
+	DlockLease	lease;
+
+	if (attempt_grant(key, ttl, holder, false, true, &lease) != GRANT_OK)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(lease_result(fcinfo, key, &lease));
+}
+
+/*
+ * dlock.acquire(key, ttl, wait, holder): like try_acquire, but wait up to
+ * wait (NULL: no limit of our own) for the lease to be released or to
+ * expire.  Releases wake us through our latch (keylock.c); expiries by our
+ * own timeout.  No key lock is held while sleeping.
+ */
+Datum
+dlock_acquire(PG_FUNCTION_ARGS)
+{
+	text	   *key = key_argument(fcinfo, 0);
+	Interval   *ttl = ttl_argument(fcinfo, 1);
+	text	   *holder = holder_argument(fcinfo, 3);
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	bool		bounded = !PG_ARGISNULL(2);
+	TimestampTz deadline = 0;
+	long		backoff_ms = 1;
+	DlockLease	lease;
+
+	if (bounded)
+	{
+		Interval   *wait = PG_GETARG_INTERVAL_P(2);
+		TimestampTz now = GetCurrentTimestamp();
+
+		deadline = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														   TimestampTzGetDatum(now),
+														   IntervalPGetDatum(wait)));
+		if (deadline < now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("wait must not be negative"),
+					 errhint("Pass how long to wait, '0' to try once, or NULL to wait without a limit of its own.")));
+	}
+
+	/* Register before the first look, so no release can slip past us. */
+	dlock_register_waiter(k, len);
+	for (;;)
+	{
+		GrantResult r;
+		TimestampTz now;
+		TimestampTz wake_at;
+		long		timeout_ms;
+
+		CHECK_FOR_INTERRUPTS();
+		r = attempt_grant(key, ttl, holder, bounded, false, &lease);
+		if (r == GRANT_OK)
+			break;
+
+		now = GetCurrentTimestamp();
+		if (bounded && now >= deadline)
+			ereport(ERROR,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("could not acquire the lease on \"%s\" within %s",
+							text_to_cstring(key),
+							DatumGetCString(DirectFunctionCall1(interval_out,
+																PG_GETARG_DATUM(2)))),
+					 r == GRANT_HELD ?
+					 errdetail("Another owner holds the lease until %s.",
+							   timestamptz_to_str(lease.expires_at)) :
+					 errdetail("Another transaction kept the key locked."),
+					 errhint("Retry later, or pass a longer wait.")));
+
+		if (r == GRANT_HELD)
+		{
+			wake_at = lease.expires_at;
+			backoff_ms = 1;
+		}
+		else
+		{
+			wake_at = now + backoff_ms * 1000;
+			backoff_ms = Min(backoff_ms * 2, BUSY_BACKOFF_MAX_MS);
+		}
+		if (bounded && wake_at > deadline)
+			wake_at = deadline;
+		/* round up, so that a lease is seen expired when we wake */
+		timeout_ms = (long) ((wake_at - now + 999) / 1000);
+		if (timeout_ms < 1)
+			timeout_ms = 1;
+
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 timeout_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	dlock_unregister_waiter(k, len);
+
+	PG_RETURN_DATUM(lease_result(fcinfo, key, &lease));
+}
+
+/*
+ * Run an owner operation (renew or release) on key: take the locks that
+ * order it against grants and other owner operations, then run plan with
+ * $1 key, $2 owner, $3 now and $4 extra.  Return the rows it changed.
+ */
+static uint64
+owner_operation(SPIPlanPtr *cache, const char *sql, text *key,
+				pg_uuid_t *owner, TimestampTz now, Datum extra)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	Oid			argtypes[4] = {TEXTOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		values[4];
+	StorageSave save;
+	uint64		changed;
+
+	storage_begin(&save);
+	(void) dlock_lock_key(k, len, RowShareLock, false);
+	dlock_lock_owner_ops(k, len);
+	values[0] = PointerGetDatum(key);
+	values[1] = UUIDPGetDatum(owner);
+	values[2] = TimestampTzGetDatum(now);
+	values[3] = extra;
+	changed = storage_exec(storage_plan(cache, sql, 4, argtypes),
+						   values, NULL, false);
+	storage_end(&save);
+	return changed;
+}
+
+/*
+ * dlock.renew(key, owner, ttl): extend owner's unexpired lease to now +
+ * ttl.  Return the new expiry, or NULL when the lease is lost.
+ */
+Datum
+dlock_renew(PG_FUNCTION_ARGS)
+{
+	text	   *key = key_argument(fcinfo, 0);
+	pg_uuid_t  *owner = owner_argument(fcinfo, 1);
+	Interval   *ttl = ttl_argument(fcinfo, 2);
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz end = lease_end(now, ttl);
+
+	if (owner_operation(&plan_renew,
+						"UPDATE dlock.leases SET expires_at = $4"
+						" WHERE key OPERATOR(pg_catalog.=) $1"
+						" AND owner OPERATOR(pg_catalog.=) $2"
+						" AND expires_at OPERATOR(pg_catalog.>) $3",
+						key, owner, now, TimestampTzGetDatum(end)) == 0)
+		PG_RETURN_NULL();
+	force_synchronous_commit();
+	PG_RETURN_TIMESTAMPTZ(end);
+}
+
+/*
+ * dlock.release(key, owner): end owner's unexpired lease now and wake the
+ * acquirers waiting for it.  Never touches another owner's lease.  The
+ * commit may be asynchronous: losing a release in a crash only delays the
+ * key's availability until the lease expires.
+ */
+Datum
+dlock_release(PG_FUNCTION_ARGS)
+{
+	text	   *key = key_argument(fcinfo, 0);
+	pg_uuid_t  *owner = owner_argument(fcinfo, 1);
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (owner_operation(&plan_release,
+						"UPDATE dlock.leases SET owner = NULL, expires_at = $4"
+						" WHERE key OPERATOR(pg_catalog.=) $1"
+						" AND owner OPERATOR(pg_catalog.=) $2"
+						" AND expires_at OPERATOR(pg_catalog.>) $3",
+						key, owner, now, TimestampTzGetDatum(now)) == 0)
+		PG_RETURN_BOOL(false);
+	dlock_wake_waiters(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+	PG_RETURN_BOOL(true);
+}
+
+/*
+ * dlock.prune(older_than): delete the rows of keys whose lease was released
+ * or expired more than older_than ago; return how many.  Takes no key
+ * locks: a grant racing with it finds the row gone and inserts a new one.
+ * A pruned key's next token still comes from the same sequence, so it is
+ * higher than any before; only the monotonic fencing mode loses the key's
+ * history (see README).
+ */
+Datum
+dlock_prune(PG_FUNCTION_ARGS)
+{
+	Interval   *older_than;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz cutoff;
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		values[1];
+	StorageSave save;
+	uint64		deleted;
+
+	if (PG_ARGISNULL(0))
+		null_argument("older_than");
+	older_than = PG_GETARG_INTERVAL_P(0);
+	cutoff = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
+													 TimestampTzGetDatum(now),
+													 IntervalPGetDatum(older_than)));
+	if (cutoff > now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("older_than must not be negative"),
+				 errhint("Pass how long a key must have been free, for example '1 day'.")));
+
+	values[0] = TimestampTzGetDatum(cutoff);
+	storage_begin(&save);
+	deleted = storage_exec(storage_plan(&plan_prune,
+										"DELETE FROM dlock.leases"
+										" WHERE expires_at OPERATOR(pg_catalog.<) $1",
+										1, argtypes),
+						   values, NULL, false);
+	storage_end(&save);
+	PG_RETURN_INT64((int64) deleted);
+}
