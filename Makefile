@@ -14,9 +14,10 @@ EXTENSION = dlock
 DATA = extension/dlock--0.1.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
-REGRESS = lease_api lease_errors
+REGRESS = lease_api lease_errors fence_trigger
 REGRESS_OPTS = --inputdir=. --load-extension=dlock
-ISOLATION = acquire_race stale_owner repeatable_read
+ISOLATION = acquire_race stale_owner repeatable_read \
+	fence_takeover fence_stale_write fence_isolation fence_two_keys
 ISOLATION_OPTS = --load-extension=dlock
 TAP_TESTS = 1
 
