@@ -326,6 +326,12 @@ holder_argument(FunctionCallInfo fcinfo, int argno)
 static void
 force_synchronous_commit(void)
 {
+	/*
+	 * The local flush, even if a function's SET clause reverts the setting
+	 * below before commit ...
+	 */
+	ForceSyncCommit();
+	/* ... and, through the setting, the wait for synchronous standbys. */
 	if (synchronous_commit < SYNCHRONOUS_COMMIT_ON)
 		(void) set_config_option("synchronous_commit", "on",
 								 PGC_USERSET, PGC_S_SESSION,
@@ -370,8 +376,9 @@ new_owner(pg_uuid_t *owner)
 /*
  * One attempt to grant key for ttl.  With nowait, give up (GRANT_BUSY)
  * rather than wait for another transaction holding the key lock.  With
- * quick_refusal, first look without the lock and refuse at once if the
- * lease is held: a refusal needs no lock, only a grant does.  On GRANT_OK
+ * quick_refusal, when the key lock is busy, look without it and refuse at
+ * once if the lease is held: a refusal needs no lock, only a grant does.
+ * On GRANT_OK
  * the key lock stays held until the end of the transaction and *lease is
  * the new lease; on GRANT_HELD *lease is the lease that is in the way.
  */
@@ -390,20 +397,24 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 	SPIPlanPtr	plan;
 
 	storage_begin(&save);
-	if (quick_refusal)
+	if (!dlock_lock_key(k, len, ExclusiveLock, true))
 	{
-		storage_read(key, lease);
-		if (lease_is_live(lease, GetCurrentTimestamp()))
+		/* Someone is busy with the key: a refusal needs no lock. */
+		if (quick_refusal)
+		{
+			storage_read(key, lease);
+			if (lease_is_live(lease, GetCurrentTimestamp()))
+			{
+				storage_end(&save);
+				return GRANT_HELD;
+			}
+		}
+		if (nowait)
 		{
 			storage_end(&save);
-			return GRANT_HELD;
+			return GRANT_BUSY;
 		}
-	}
-
-	if (!dlock_lock_key(k, len, ExclusiveLock, nowait))
-	{
-		storage_end(&save);
-		return GRANT_BUSY;
+		(void) dlock_lock_key(k, len, ExclusiveLock, false);
 	}
 	storage_read(key, lease);
 	now = GetCurrentTimestamp();
