@@ -1,0 +1,106 @@
+-- demo/demo.sql: what dlock is for, told as a short story.
+--
+-- Run it with tools/demo, which starts a throwaway server, runs
+-- CREATE EXTENSION dlock and then this file with psql.  To run it against
+-- a server of your own:  psql -X -q -v ON_ERROR_STOP=1 -f demo/demo.sql
+-- in a database where CREATE EXTENSION dlock has been run.
+--
+-- Numbers that change from run to run (owner uuids, timestamps) are shown
+-- as comparisons or booleans instead.
+
+\set ON_ERROR_STOP 1
+\pset footer off
+\pset null '(null)'
+\set job 'stock-sync:warehouse-42'
+
+\echo
+\echo '================================================================'
+\echo ' dlock demo: leases and fencing tokens'
+\echo '================================================================'
+\echo
+\echo 'Two workers, A and B, both run the job that syncs the stock of'
+\echo 'warehouse 42.  If both ran it at once they would overwrite each'
+\echo 'other, so each must first get the lease on the key'
+\echo '    stock-sync:warehouse-42'
+\echo 'A lease is a lock with a time limit (a TTL): if its holder stops'
+\echo 'renewing it, it runs out and someone else can take over.'
+\echo
+
+\echo '--- 1. Worker A asks for the lease, for 2 seconds --------------'
+\echo
+\echo 'dlock.try_acquire returns the lease: an owner (a random uuid that'
+\echo 'only A knows, needed to renew or release) and a fencing token, a'
+\echo 'number that is larger for every new grant.'
+\echo
+SELECT owner AS a_owner, fence AS a_fence
+FROM dlock.try_acquire(:'job', '2 seconds', holder => 'worker A') \gset
+SELECT :'a_owner' <> '' AS "A got the lease",
+       :a_fence AS "A's fencing token";
+
+\echo '--- 2. Worker B asks for the same lease ------------------------'
+\echo
+\echo 'A holds it, so B is refused: try_acquire returns NULL at once.'
+\echo '(dlock.acquire would wait for it instead.)'
+\echo
+SELECT l IS NULL AS "B was refused"
+FROM dlock.try_acquire(:'job', '2 seconds', holder => 'worker B') AS l;
+
+\echo 'Anyone can see who holds which key (but not the owner uuid):'
+\echo
+SELECT key, holder, fence, expires_at > now() AS unexpired
+FROM dlock.leases WHERE key = :'job';
+
+\echo '--- 3. Worker A renews, as a healthy holder does ---------------'
+\echo
+SELECT dlock.renew(:'job', :'a_owner', '2 seconds') IS NOT NULL
+       AS "A renewed its lease";
+
+\echo '--- 4. Worker A stalls -----------------------------------------'
+\echo
+\echo 'A long garbage-collection pause, a frozen VM, a slow disk: A stops'
+\echo 'for 3 seconds without renewing, and its lease runs out...'
+SELECT pg_sleep(3) \g /dev/null
+\echo
+SELECT key, holder, expires_at > now() AS unexpired
+FROM dlock.leases WHERE key = :'job';
+
+\echo '--- 5. Worker B tries again and gets the lease -----------------'
+\echo
+SELECT owner AS b_owner, fence AS b_fence
+FROM dlock.try_acquire(:'job', '2 seconds', holder => 'worker B') \gset
+SELECT :'b_owner' <> '' AS "B got the lease",
+       :b_fence AS "B's fencing token",
+       :b_fence > :a_fence AS "greater than A's";
+
+\echo '--- 6. Worker A wakes up, still believing it holds the lease ---'
+\echo
+\echo 'A tries to renew: NULL means "you no longer hold this lease".'
+\echo
+SELECT dlock.renew(:'job', :'a_owner', '2 seconds') IS NULL
+       AS "A's renew returned NULL";
+\echo 'A tries to release: false, because the lease is not A''s any more.'
+\echo 'A stale owner cannot free a lease that now belongs to someone else.'
+\echo
+SELECT dlock.release(:'job', :'a_owner') AS "A's release succeeded";
+
+\echo '--- 7. B''s lease was not touched by any of that ----------------'
+\echo
+SELECT holder, fence = :b_fence AS "still B's token", expires_at > now() AS unexpired
+FROM dlock.leases WHERE key = :'job';
+SELECT dlock.renew(:'job', :'b_owner', '2 seconds') IS NOT NULL
+       AS "B renewed its lease";
+SELECT dlock.release(:'job', :'b_owner') AS "B released its lease";
+
+\echo '--- Why the fencing token matters ------------------------------'
+\echo
+\echo 'Between its stall and its failed renew, A may still try to write.'
+\echo 'A lease alone cannot stop that: A does not know yet that it lost.'
+\echo 'But every write A makes can carry A''s token, and every write B'
+\echo 'makes carries B''s larger one.  Storage that remembers the largest'
+\echo 'token it has accepted can refuse A''s late writes.'
+\echo
+
+-- Part 2: fencing
+--
+-- (to come: dlock.fence_guard on a table, B writes with its token, A's
+-- late write with the smaller token is refused)

@@ -1,0 +1,163 @@
+# Leases and fencing tokens survive a crash.
+#
+# A session with synchronous_commit = off gets leases and the server is
+# stopped in immediate mode right afterwards, with the session still
+# connected, so nothing but dlock itself can have made the grants durable.
+# After the restart every recorded lease must still be held by its owner,
+# and no fencing token may be handed out twice: a new grant's token must be
+# greater than every token any client saw before the crash, including the
+# tokens of grants whose transaction rolled back.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('crash');
+$node->init;
+# Cluster.pm turns fsync off; this test is about durability.
+$node->append_conf('postgresql.conf', "fsync = on\n");
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION dlock');
+
+# Highest fencing token seen by any client so far.
+my $max_seen = 0;
+
+sub note_fence
+{
+	my ($fence) = @_;
+	$max_seen = $fence if $fence > $max_seen;
+	return;
+}
+
+# Grant key for an hour in session $s; return (owner, fence).
+sub grant
+{
+	my ($s, $key) = @_;
+	my $row = $s->query_safe(
+		"SELECT owner, fence FROM dlock.try_acquire('$key', '1 hour')");
+	my ($owner, $fence) = split /\|/, $row;
+	return ($owner, $fence);
+}
+
+# Does $node still hold every lease in %$owners (key => owner)?  Returns
+# the keys that were lost.
+sub lost_leases
+{
+	my ($owners) = @_;
+	my $values = join(', ',
+		map { "('$_', '$owners->{$_}'::uuid)" } sort keys %$owners);
+	my $lost = $node->safe_psql(
+		'postgres', qq{
+		SELECT string_agg(k, ' ' ORDER BY k)
+		FROM (VALUES $values) AS v(k, o)
+		WHERE dlock.renew(k, o, '1 hour') IS NULL});
+	return $lost;
+}
+
+#
+# Part 1: a few leases, some tokens drawn in a rolled-back transaction.
+#
+my $s = $node->background_psql('postgres');
+$s->query_safe('SET synchronous_commit = off');
+
+my (%owner, @fences);
+foreach my $key (qw(k1 k2 k3 k4 k5))
+{
+	my ($owner, $fence) = grant($s, $key);
+	like($fence // '', qr/^\d+$/, "$key granted before the crash");
+	$owner{$key} = $owner;
+	push @fences, $fence;
+	note_fence($fence);
+}
+my @sorted = sort { $a <=> $b } @fences;
+is_deeply(\@fences, \@sorted, 'tokens grow with every grant');
+
+$s->query_safe('BEGIN');
+foreach my $i (1 .. 3)
+{
+	my ($owner, $fence) = grant($s, "rb$i");
+	like($fence // '', qr/^\d+$/,
+		"rb$i granted in a transaction that will roll back");
+	note_fence($fence);
+}
+$s->query_safe('ROLLBACK');
+
+$node->stop('immediate');
+$s->quit;
+$node->start;
+
+is(lost_leases(\%owner), '',
+	'every lease granted before the crash is still held by its owner');
+
+is( $node->safe_psql(
+		'postgres',
+		q{SELECT count(*) FROM unnest(ARRAY['k1','k2','k3','k4','k5']) AS k
+		  WHERE dlock.try_acquire(k, '1 hour') IS NOT NULL}),
+	'0',
+	'nobody else can acquire a key held before the crash');
+
+my $new = $node->safe_psql('postgres',
+	q{SELECT fence FROM dlock.try_acquire('after1', '1 hour')});
+cmp_ok($new, '>', $max_seen,
+	'a new token is greater than every token seen before the crash');
+note_fence($new);
+
+is( $node->safe_psql(
+		'postgres', "SELECT dlock.release('k1', '$owner{k1}')"),
+	't',
+	'the owner can release a lease granted before the crash');
+is( $node->safe_psql(
+		'postgres', "SELECT dlock.release('k1', '$owner{k1}')"),
+	'f',
+	'a second release of that lease is refused');
+my $again = $node->safe_psql('postgres',
+	q{SELECT fence FROM dlock.try_acquire('k1', '1 hour')});
+cmp_ok($again // 0, '>', $max_seen,
+	'the released key is granted again with a greater token');
+note_fence($again);
+
+#
+# Part 2: many grants, each its own asynchronously committed transaction,
+# then 50 more in a single transaction, then a crash.
+#
+$s = $node->background_psql('postgres');
+$s->query_safe('SET synchronous_commit = off');
+
+my %many;
+foreach my $i (1 .. 100)
+{
+	my ($owner, $fence) = grant($s, "m$i");
+	$many{"m$i"} = $owner;
+	note_fence($fence) if defined $fence && $fence =~ /^\d+$/;
+}
+is(scalar(grep { defined $_ && $_ ne '' } values %many),
+	100, '100 leases granted one statement at a time');
+
+my $batch_max = $s->query_safe(
+	q{SELECT max(l.fence) FROM generate_series(1, 50) AS i,
+	  LATERAL dlock.try_acquire('b' || i, '1 hour') AS l});
+like($batch_max, qr/^\d+$/, '50 leases granted in one statement');
+note_fence($batch_max) if $batch_max =~ /^\d+$/;
+
+$node->stop('immediate');
+$s->quit;
+$node->start;
+
+is(lost_leases(\%many), '', 'the 100 leases survived the second crash');
+is( $node->safe_psql(
+		'postgres',
+		q{SELECT count(*) FROM generate_series(1, 50) AS i
+		  WHERE dlock.try_acquire('b' || i, '1 hour') IS NULL}),
+	'50',
+	'the 50 leases granted in one statement survived the second crash');
+
+$new = $node->safe_psql('postgres',
+	q{SELECT fence FROM dlock.try_acquire('after2', '1 hour')});
+cmp_ok($new, '>', $max_seen,
+	'after the second crash, a new token is greater than every token seen');
+
+$node->stop;
+done_testing();
