@@ -7,7 +7,9 @@
 -- Storage.  One row per key ever granted: a released or expired lease keeps
 -- its row (owner NULL once released) so that reuse of the key is a HOT
 -- update and the highest token issued for the key stays known.
--- dlock.prune() deletes rows of keys nobody holds.
+-- dlock.prune() deletes rows of keys nobody holds.  Keys are checked (at
+-- most 512 bytes) by the C functions, the only writers; a CHECK constraint
+-- would be re-parsed by every write.
 --
 CREATE SEQUENCE dlock.fence_seq AS pg_catalog.int8 MINVALUE 1 NO CYCLE;
 
@@ -20,9 +22,7 @@ CREATE TABLE dlock.leases (
 	owner		pg_catalog.uuid,
 	expires_at	pg_catalog.timestamptz NOT NULL,
 	holder		pg_catalog.text,
-	granted_at	pg_catalog.timestamptz NOT NULL,
-	CONSTRAINT leases_key_check
-		CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 512)
+	granted_at	pg_catalog.timestamptz NOT NULL
 ) WITH (fillfactor = 70);
 
 COMMENT ON TABLE dlock.leases IS

@@ -241,6 +241,17 @@ fence_key_argument(FunctionCallInfo fcinfo)
 }
 
 /*
+ * Take key's lock in share mode (waiting for a grant in progress) and judge
+ * a write presenting fence by the lease rule.
+ */
+static FenceVerdict
+lock_and_judge(const char *key, int64 fence, DlockLease *lease)
+{
+	(void) dlock_lock_key(key, strlen(key), ShareLock, false);
+	return judge(key, true, fence, FENCE_MODE_LEASE, lease);
+}
+
+/*
  * dlock.use_fence(key, fence): declare that the current transaction writes
  * under the lease of key with token fence.  Raises at once unless that is
  * the key's current, unexpired lease.  Keeps the key's ShareLock until the
@@ -252,10 +263,8 @@ dlock_use_fence(PG_FUNCTION_ARGS)
 	char	   *key = fence_key_argument(fcinfo);
 	int64		fence = PG_GETARG_INT64(1);
 	DlockLease	lease;
-	FenceVerdict v;
+	FenceVerdict v = lock_and_judge(key, fence, &lease);
 
-	(void) dlock_lock_key(key, strlen(key), ShareLock, false);
-	v = judge(key, true, fence, FENCE_MODE_LEASE, &lease);
 	if (v != FENCE_OK)
 		refuse(v, key, true, fence, &lease, NULL);
 	remember_presented(key, fence);
@@ -273,10 +282,8 @@ dlock_check_fence(PG_FUNCTION_ARGS)
 	char	   *key = fence_key_argument(fcinfo);
 	int64		fence = PG_GETARG_INT64(1);
 	DlockLease	lease;
-	FenceVerdict v;
+	FenceVerdict v = lock_and_judge(key, fence, &lease);
 
-	(void) dlock_lock_key(key, strlen(key), ShareLock, false);
-	v = judge(key, true, fence, FENCE_MODE_LEASE, &lease);
 	dlock_unlock_key(key, strlen(key), ShareLock);
 	PG_RETURN_BOOL(v == FENCE_OK);
 }

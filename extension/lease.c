@@ -33,7 +33,6 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
-#include "commands/sequence.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -339,18 +338,16 @@ force_synchronous_commit(void)
 }
 
 /*
- * Draw the next fencing token.  Inside an explicit transaction block the
- * caller sees the token before commit, so the sequence's WAL is flushed
- * (and sent to synchronous standbys) now: after a crash the sequence must
- * not hand the same number out again, even if this transaction never
- * commits.  In autocommit the commit itself does that before the caller
- * sees anything.
+ * Make the fencing token just drawn safe to show.  Inside an explicit
+ * transaction block the caller sees the token before commit, so the
+ * sequence's WAL is flushed (and sent to synchronous standbys) now: after a
+ * crash or failover the sequence must not hand the same number out again,
+ * even if this transaction never commits.  In autocommit the commit itself
+ * does that before the caller sees anything.
  */
-static int64
-draw_fence(void)
+static void
+secure_drawn_fence(void)
 {
-	int64		fence = nextval_internal(dlock_relid("fence_seq"), false);
-
 	if (IsTransactionBlock())
 	{
 		XLogRecPtr	lsn = GetXLogInsertRecPtr();
@@ -358,7 +355,6 @@ draw_fence(void)
 		XLogFlush(lsn);
 		SyncRepWaitForLSN(lsn, false);
 	}
-	return fence;
 }
 
 /* Fill *owner with a version 4 UUID from the strong random source. */
@@ -390,10 +386,11 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 	int			len = VARSIZE_ANY_EXHDR(key);
 	StorageSave save;
 	TimestampTz now;
-	Oid			argtypes[6] = {TEXTOID, UUIDOID, INT8OID, TIMESTAMPTZOID,
-	TEXTOID, TIMESTAMPTZOID};
-	Datum		values[6];
-	char		nulls[6] = "      ";
+	Oid			argtypes[5] = {TEXTOID, UUIDOID, TIMESTAMPTZOID, TEXTOID,
+	TIMESTAMPTZOID};
+	Datum		values[5];
+	char		nulls[5] = "     ";
+	bool		isnull;
 	SPIPlanPtr	plan;
 
 	storage_begin(&save);
@@ -416,53 +413,62 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 		}
 		(void) dlock_lock_key(k, len, ExclusiveLock, false);
 	}
-	storage_read(key, lease);
 	now = GetCurrentTimestamp();
-	if (lease_is_live(lease, now))
-	{
-		dlock_unlock_key(k, len, ExclusiveLock);
-		storage_end(&save);
-		return GRANT_HELD;
-	}
-
-	lease->found = true;
-	lease->held = true;
-	lease->expires_at = lease_end(now, ttl);
-	lease->fence = draw_fence();
 	new_owner(&lease->owner);
-
+	lease->expires_at = lease_end(now, ttl);
 	values[0] = PointerGetDatum(key);
 	values[1] = UUIDPGetDatum(&lease->owner);
-	values[2] = Int64GetDatum(lease->fence);
-	values[3] = TimestampTzGetDatum(lease->expires_at);
-	values[4] = PointerGetDatum(holder);
+	values[2] = TimestampTzGetDatum(lease->expires_at);
+	values[3] = PointerGetDatum(holder);
 	if (holder == NULL)
-		nulls[4] = 'n';
-	values[5] = TimestampTzGetDatum(now);
+		nulls[3] = 'n';
+	values[4] = TimestampTzGetDatum(now);
 
 	/*
-	 * Update the key's row if it has one (a HOT update: only non-indexed
-	 * columns change), else insert it.  A row deleted by a concurrent
-	 * prune() makes the update find nothing, and the insert then succeeds:
-	 * prune deletes only rows of free keys, and we hold the key lock.
+	 * Take over the key's row if its lease is free: one HOT update (only
+	 * non-indexed columns change) that draws the token only when it
+	 * applies.  Otherwise the key is held, or has no row yet: insert it.  A
+	 * row deleted by a concurrent prune() makes the update find nothing and
+	 * the insert then succeeds: prune deletes only rows of free keys, and
+	 * we hold the key lock.
 	 */
 	plan = storage_plan(&plan_grant_update,
 						"UPDATE dlock.leases"
-						" SET owner = $2, fence = $3, expires_at = $4,"
-						" holder = $5, granted_at = $6"
-						" WHERE key OPERATOR(pg_catalog.=) $1",
-						6, argtypes);
+						" SET owner = $2, expires_at = $3, holder = $4, granted_at = $5,"
+						" fence = pg_catalog.nextval('dlock.fence_seq'::pg_catalog.regclass)"
+						" WHERE key OPERATOR(pg_catalog.=) $1"
+						" AND (owner IS NULL OR expires_at OPERATOR(pg_catalog.<=) $5)"
+						" RETURNING fence",
+						5, argtypes);
 	if (storage_exec(plan, values, nulls, false) == 0)
 	{
+		DlockLease	current;
+
+		storage_read(key, &current);
+		if (current.found)
+		{
+			*lease = current;
+			dlock_unlock_key(k, len, ExclusiveLock);
+			storage_end(&save);
+			return GRANT_HELD;
+		}
 		plan = storage_plan(&plan_grant_insert,
 							"INSERT INTO dlock.leases"
-							" (key, owner, fence, expires_at, holder, granted_at)"
-							" VALUES ($1, $2, $3, $4, $5, $6)",
-							6, argtypes);
+							" (key, owner, expires_at, holder, granted_at, fence)"
+							" VALUES ($1, $2, $3, $4, $5,"
+							" pg_catalog.nextval('dlock.fence_seq'::pg_catalog.regclass))"
+							" RETURNING fence",
+							5, argtypes);
 		(void) storage_exec(plan, values, nulls, false);
 	}
+	lease->found = true;
+	lease->held = true;
+	lease->fence = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 1,
+											   &isnull));
 	storage_end(&save);
 
+	secure_drawn_fence();
 	force_synchronous_commit();
 	return GRANT_OK;
 }
