@@ -29,7 +29,10 @@
 
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/skey.h"
+#include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -39,8 +42,11 @@
 #include "replication/syncrep.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -72,8 +78,13 @@ typedef struct StorageSave
 	int			sec_context;
 } StorageSave;
 
+/* Columns of dlock.leases, in the order of the install script. */
+#define Anum_leases_key			1
+#define Anum_leases_fence		2
+#define Anum_leases_owner		3
+#define Anum_leases_expires_at	4
+
 /* Plans kept for the life of the backend. */
-static SPIPlanPtr plan_read = NULL;
 static SPIPlanPtr plan_grant_update = NULL;
 static SPIPlanPtr plan_grant_insert = NULL;
 static SPIPlanPtr plan_renew = NULL;
@@ -163,50 +174,47 @@ storage_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only)
 	return SPI_processed;
 }
 
-/* Read the current state of key into *lease.  Inside storage only. */
-static void
-storage_read(text *key, DlockLease *lease)
-{
-	Oid			argtypes[1] = {TEXTOID};
-	Datum		values[1];
-	SPIPlanPtr	plan;
-
-	plan = storage_plan(&plan_read,
-						"SELECT owner, fence, expires_at FROM dlock.leases"
-						" WHERE key OPERATOR(pg_catalog.=) $1",
-						1, argtypes);
-	values[0] = PointerGetDatum(key);
-	memset(lease, 0, sizeof(DlockLease));
-	if (storage_exec(plan, values, NULL, true) == 1)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[0];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		Datum		d;
-
-		lease->found = true;
-		d = SPI_getbinval(tup, desc, 1, &isnull);
-		lease->held = !isnull;
-		if (!isnull)
-			memcpy(&lease->owner, DatumGetUUIDP(d), sizeof(pg_uuid_t));
-		lease->fence = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
-		lease->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3,
-															  &isnull));
-	}
-}
-
 /*
- * Read the current state of key into *lease, with a fresh snapshot.  The
- * caller decides which key lock, if any, makes the answer stable.
+ * Read the current state of key into *lease, with a fresh snapshot, by a
+ * direct lookup in the primary key index: no executor, no SPI, no change
+ * of user (reading the table from C needs no privilege).  The caller
+ * decides which key lock, if any, makes the answer stable.
  */
 void
 dlock_read_lease(text *key, DlockLease *lease)
 {
-	StorageSave save;
+	Relation	rel = table_open(dlock_relid("leases"), AccessShareLock);
+	TupleDesc	desc = RelationGetDescr(rel);
+	Snapshot	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	ScanKeyData skey;
+	SysScanDesc scan;
+	HeapTuple	tup;
 
-	storage_begin(&save);
-	storage_read(key, lease);
-	storage_end(&save);
+	ScanKeyEntryInitialize(&skey, 0, Anum_leases_key, BTEqualStrategyNumber,
+						   InvalidOid, TupleDescAttr(desc, Anum_leases_key - 1)->attcollation,
+						   F_TEXTEQ, PointerGetDatum(key));
+	scan = systable_beginscan(rel, RelationGetPrimaryKeyIndex(rel), true,
+							  snapshot, 1, &skey);
+	memset(lease, 0, sizeof(DlockLease));
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		d;
+
+		lease->found = true;
+		d = heap_getattr(tup, Anum_leases_owner, desc, &isnull);
+		lease->held = !isnull;
+		if (!isnull)
+			memcpy(&lease->owner, DatumGetUUIDP(d), sizeof(pg_uuid_t));
+		lease->fence = DatumGetInt64(heap_getattr(tup, Anum_leases_fence,
+												  desc, &isnull));
+		lease->expires_at = DatumGetTimestampTz(heap_getattr(tup, Anum_leases_expires_at,
+															 desc, &isnull));
+	}
+	systable_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	table_close(rel, AccessShareLock);
 }
 
 /* Is *lease held by someone and unexpired at now? */
@@ -399,7 +407,7 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 		/* Someone is busy with the key: a refusal needs no lock. */
 		if (quick_refusal)
 		{
-			storage_read(key, lease);
+			dlock_read_lease(key, lease);
 			if (lease_is_live(lease, GetCurrentTimestamp()))
 			{
 				storage_end(&save);
@@ -444,7 +452,7 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 	{
 		DlockLease	current;
 
-		storage_read(key, &current);
+		dlock_read_lease(key, &current);
 		if (current.found)
 		{
 			*lease = current;
