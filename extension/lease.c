@@ -3,8 +3,9 @@
  * lease.c
  *		The lease API: try_acquire, acquire, renew, release, prune.
  *
- * Lease state lives in dlock.leases and is accessed through SPI with
- * plans prepared once per backend.  Three rules make it safe:
+ * Lease state lives in dlock.leases.  It is read by direct lookups in the
+ * table's primary key index and changed through SPI, with plans prepared
+ * once per backend.  Three rules make it safe:
  *
  * 1. Every change to a key happens under its key lock (keylock.c), held
  *	  until the end of the transaction, so a reader that takes the lock
@@ -12,9 +13,10 @@
  * 2. Every read uses a fresh snapshot (GetLatestSnapshot), never the
  *	  caller's transaction snapshot: a REPEATABLE READ caller whose
  *	  snapshot predates a grant must still see that grant.
- * 3. Storage is accessed as the owner of dlock.leases, so PUBLIC needs no
- *	  privilege on it, and every operator in our SQL is schema-qualified,
- *	  so the caller's search_path cannot inject code into those queries.
+ * 3. Changes run as the owner of dlock.leases, so PUBLIC needs no
+ *	  privilege on it, and every operator and function in our SQL is
+ *	  schema-qualified, so the caller's search_path cannot inject code into
+ *	  those queries.
  *
  * Durability: a grant or renewal forces its transaction's commit to be
  * synchronous (it raises synchronous_commit for this transaction only), so
@@ -27,12 +29,12 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
-#include "access/xlog.h"
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/skey.h"
 #include "access/table.h"
+#include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -158,16 +160,16 @@ storage_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
 }
 
 /*
- * Run plan with values under a fresh snapshot; return the number of rows
- * processed.  Inside storage_begin/storage_end only.
+ * Run plan (a change) with values under a fresh snapshot; return the
+ * number of rows processed.  Inside storage_begin/storage_end only.
  */
 static uint64
-storage_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only)
+storage_exec(SPIPlanPtr plan, Datum *values, const char *nulls)
 {
 	int			rc;
 
 	rc = SPI_execute_snapshot(plan, values, nulls, GetLatestSnapshot(),
-							  InvalidSnapshot, read_only, false, 0);
+							  InvalidSnapshot, false, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_snapshot failed: %s",
 			 SPI_result_code_string(rc));
@@ -448,7 +450,7 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 						" AND (owner IS NULL OR expires_at OPERATOR(pg_catalog.<=) $5)"
 						" RETURNING fence",
 						5, argtypes);
-	if (storage_exec(plan, values, nulls, false) == 0)
+	if (storage_exec(plan, values, nulls) == 0)
 	{
 		DlockLease	current;
 
@@ -467,7 +469,7 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 							" pg_catalog.nextval('dlock.fence_seq'::pg_catalog.regclass))"
 							" RETURNING fence",
 							5, argtypes);
-		(void) storage_exec(plan, values, nulls, false);
+		(void) storage_exec(plan, values, nulls);
 	}
 	lease->found = true;
 	lease->held = true;
@@ -610,29 +612,35 @@ dlock_acquire(PG_FUNCTION_ARGS)
 
 /*
  * Run an owner operation (renew or release) on key: take the locks that
- * order it against grants and other owner operations, then run plan with
- * $1 key, $2 owner, $3 now and $4 extra.  Return the rows it changed.
+ * order it against grants and other owner operations, read the clock only
+ * then (a wait for the locks must not make an expired lease look alive),
+ * and run plan with $1 key, $2 owner, $3 now and $4 the new expires_at:
+ * now + ttl, or now when ttl is NULL.  Return the rows it changed and set
+ * *end to that $4.
  */
 static uint64
 owner_operation(SPIPlanPtr *cache, const char *sql, text *key,
-				pg_uuid_t *owner, TimestampTz now, Datum extra)
+				pg_uuid_t *owner, Interval *ttl, TimestampTz *end)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
 	Oid			argtypes[4] = {TEXTOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		values[4];
 	StorageSave save;
+	TimestampTz now;
 	uint64		changed;
 
 	storage_begin(&save);
 	(void) dlock_lock_key(k, len, RowShareLock, false);
 	dlock_lock_owner_ops(k, len);
+	now = GetCurrentTimestamp();
+	*end = ttl ? lease_end(now, ttl) : now;
 	values[0] = PointerGetDatum(key);
 	values[1] = UUIDPGetDatum(owner);
 	values[2] = TimestampTzGetDatum(now);
-	values[3] = extra;
+	values[3] = TimestampTzGetDatum(*end);
 	changed = storage_exec(storage_plan(cache, sql, 4, argtypes),
-						   values, NULL, false);
+						   values, NULL);
 	storage_end(&save);
 	return changed;
 }
@@ -647,15 +655,14 @@ dlock_renew(PG_FUNCTION_ARGS)
 	text	   *key = key_argument(fcinfo, 0);
 	pg_uuid_t  *owner = owner_argument(fcinfo, 1);
 	Interval   *ttl = ttl_argument(fcinfo, 2);
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz end = lease_end(now, ttl);
+	TimestampTz end;
 
 	if (owner_operation(&plan_renew,
 						"UPDATE dlock.leases SET expires_at = $4"
 						" WHERE key OPERATOR(pg_catalog.=) $1"
 						" AND owner OPERATOR(pg_catalog.=) $2"
 						" AND expires_at OPERATOR(pg_catalog.>) $3",
-						key, owner, now, TimestampTzGetDatum(end)) == 0)
+						key, owner, ttl, &end) == 0)
 		PG_RETURN_NULL();
 	force_synchronous_commit();
 	PG_RETURN_TIMESTAMPTZ(end);
@@ -672,14 +679,14 @@ dlock_release(PG_FUNCTION_ARGS)
 {
 	text	   *key = key_argument(fcinfo, 0);
 	pg_uuid_t  *owner = owner_argument(fcinfo, 1);
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz end;
 
 	if (owner_operation(&plan_release,
 						"UPDATE dlock.leases SET owner = NULL, expires_at = $4"
 						" WHERE key OPERATOR(pg_catalog.=) $1"
 						" AND owner OPERATOR(pg_catalog.=) $2"
 						" AND expires_at OPERATOR(pg_catalog.>) $3",
-						key, owner, now, TimestampTzGetDatum(now)) == 0)
+						key, owner, NULL, &end) == 0)
 		PG_RETURN_BOOL(false);
 	dlock_wake_waiters(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	PG_RETURN_BOOL(true);
@@ -722,7 +729,7 @@ dlock_prune(PG_FUNCTION_ARGS)
 										"DELETE FROM dlock.leases"
 										" WHERE expires_at OPERATOR(pg_catalog.<) $1",
 										1, argtypes),
-						   values, NULL, false);
+						   values, NULL);
 	storage_end(&save);
 	PG_RETURN_INT64((int64) deleted);
 }
