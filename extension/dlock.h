@@ -27,6 +27,7 @@
 #define DLOCK_H
 
 #include "datatype/timestamp.h"
+#include "fmgr.h"
 #include "storage/lockdefs.h"
 #include "utils/uuid.h"
 
@@ -51,6 +52,7 @@ extern int	dlock_max_ttl_ms;
 extern bool dlock_fence_bypass;
 
 /* keylock.c */
+extern void dlock_null_argument(FunctionCallInfo fcinfo, const char *name);
 extern void dlock_check_key(const char *key, int len);
 extern bool dlock_lock_key(const char *key, int len, LOCKMODE mode,
 						   bool nowait);

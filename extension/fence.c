@@ -226,15 +226,9 @@ fence_key_argument(FunctionCallInfo fcinfo)
 	text	   *key;
 
 	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("key must not be null"),
-				 errhint("Pass the key of the lease the write is made under.")));
+		dlock_null_argument(fcinfo, "key");
 	if (PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("fence must not be null"),
-				 errhint("Pass the fence of the lease that dlock.acquire() returned.")));
+		dlock_null_argument(fcinfo, "fence");
 	key = PG_GETARG_TEXT_PP(0);
 	dlock_check_key(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	return text_to_cstring(key);
@@ -429,7 +423,9 @@ dlock_fence_guard(PG_FUNCTION_ARGS)
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("dlock.fence_guard() must be called as a trigger")));
+				 errmsg("dlock.fence_guard() must be called as a trigger"),
+				 errdetail("It was called as a plain function."),
+				 errhint("Attach it with CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('key-{column}').")));
 
 	trigger = trigdata->tg_trigger;
 	rel = trigdata->tg_relation;

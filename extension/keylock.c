@@ -27,6 +27,7 @@
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "storage/sinvaladt.h"
+#include "utils/lsyscache.h"
 
 #include "dlock.h"
 
@@ -46,6 +47,21 @@ key_locktag(LOCKTAG *tag, const char *key, int len, uint16 space)
 }
 
 /*
+ * Raise the error for a NULL argument name of the SQL function called
+ * through fcinfo: dlock never treats NULL as a value.
+ */
+void
+dlock_null_argument(FunctionCallInfo fcinfo, const char *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("%s must not be null", name),
+			 errdetail("%s() was called with a NULL %s.",
+					   get_func_name(fcinfo->flinfo->fn_oid), name),
+			 errhint("Pass a value: dlock functions return NULL only to report a refused grant or a lost lease.")));
+}
+
+/*
  * Raise an error unless key (len bytes, not NULL) is a valid lock key.
  */
 void
@@ -55,6 +71,7 @@ dlock_check_key(const char *key, int len)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lock key must not be empty"),
+				 errdetail("The key given was an empty string."),
 				 errhint("Name the resource the lock protects, for example 'stock-sync:warehouse-42'.")));
 	if (len > DLOCK_MAX_KEY_BYTES)
 		ereport(ERROR,

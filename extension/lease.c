@@ -226,16 +226,6 @@ lease_is_live(const DlockLease *lease, TimestampTz now)
 	return lease->found && lease->held && lease->expires_at > now;
 }
 
-/* Raise the NULL-argument error for parameter name. */
-static void
-null_argument(const char *name)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-			 errmsg("%s must not be null", name),
-			 errhint("Pass a value: dlock functions return NULL only to report a refused grant or a lost lease.")));
-}
-
 /* Return argument argno, a key, after checking it. */
 static text *
 key_argument(FunctionCallInfo fcinfo, int argno)
@@ -243,10 +233,26 @@ key_argument(FunctionCallInfo fcinfo, int argno)
 	text	   *key;
 
 	if (PG_ARGISNULL(argno))
-		null_argument("key");
+		dlock_null_argument(fcinfo, "key");
 	key = PG_GETARG_TEXT_PP(argno);
 	dlock_check_key(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	return key;
+}
+
+/*
+ * Rough length of span in microseconds, a month counted as 30 days.  Used
+ * only to keep absurd lengths away from timestamp arithmetic, which would
+ * fail with a bare "timestamp out of range": lengths beyond
+ * DLOCK_HUGE_USECS exceed any dlock.max_ttl, mean "no limit" for a wait,
+ * and are older than any lease for prune.
+ */
+#define DLOCK_HUGE_USECS	1e15		/* about 31 years */
+
+static double
+rough_usecs(const Interval *span)
+{
+	return (double) span->time + (double) span->day * USECS_PER_DAY +
+		(double) span->month * DAYS_PER_MONTH * USECS_PER_DAY;
 }
 
 /*
@@ -256,12 +262,22 @@ key_argument(FunctionCallInfo fcinfo, int argno)
 static TimestampTz
 lease_end(TimestampTz now, Interval *ttl)
 {
-	TimestampTz end;
+	double		rough = rough_usecs(ttl);
+	TimestampTz end = 0;
+	bool		not_positive;
+	bool		too_long;
 
-	end = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-												  TimestampTzGetDatum(now),
-												  IntervalPGetDatum(ttl)));
-	if (end <= now)
+	not_positive = rough < -DLOCK_HUGE_USECS;
+	too_long = rough > DLOCK_HUGE_USECS;
+	if (!not_positive && !too_long)
+	{
+		end = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+													  TimestampTzGetDatum(now),
+													  IntervalPGetDatum(ttl)));
+		not_positive = end <= now;
+		too_long = !not_positive && (end - now) / 1000 > dlock_max_ttl_ms;
+	}
+	if (not_positive)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl must be positive"),
@@ -269,7 +285,7 @@ lease_end(TimestampTz now, Interval *ttl)
 						   DatumGetCString(DirectFunctionCall1(interval_out,
 															   IntervalPGetDatum(ttl)))),
 				 errhint("Pass how long the lease should last, for example '30 seconds'.")));
-	if ((end - now) / 1000 > dlock_max_ttl_ms)
+	if (too_long)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl exceeds dlock.max_ttl"),
@@ -288,7 +304,7 @@ ttl_argument(FunctionCallInfo fcinfo, int argno)
 	Interval   *ttl;
 
 	if (PG_ARGISNULL(argno))
-		null_argument("ttl");
+		dlock_null_argument(fcinfo, "ttl");
 	ttl = PG_GETARG_INTERVAL_P(argno);
 	(void) lease_end(GetCurrentTimestamp(), ttl);
 	return ttl;
@@ -299,7 +315,7 @@ static pg_uuid_t *
 owner_argument(FunctionCallInfo fcinfo, int argno)
 {
 	if (PG_ARGISNULL(argno))
-		null_argument("owner");
+		dlock_null_argument(fcinfo, "owner");
 	return PG_GETARG_UUID_P(argno);
 }
 
@@ -322,7 +338,8 @@ holder_argument(FunctionCallInfo fcinfo, int argno)
 				 errmsg("holder label is too long"),
 				 errdetail("The label is %d bytes long; the limit is %d bytes.",
 						   (int) VARSIZE_ANY_EXHDR(holder),
-						   DLOCK_MAX_HOLDER_BYTES)));
+						   DLOCK_MAX_HOLDER_BYTES),
+				 errhint("Keep it short: it is a label for people reading dlock.leases.")));
 	return holder;
 }
 
@@ -544,14 +561,21 @@ dlock_acquire(PG_FUNCTION_ARGS)
 	{
 		Interval   *wait = PG_GETARG_INTERVAL_P(2);
 		TimestampTz now = GetCurrentTimestamp();
+		double		rough = rough_usecs(wait);
 
-		deadline = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-														   TimestampTzGetDatum(now),
-														   IntervalPGetDatum(wait)));
-		if (deadline < now)
+		if (rough > DLOCK_HUGE_USECS)
+			bounded = false;	/* decades: no limit of our own */
+		else if (rough >= -DLOCK_HUGE_USECS)
+			deadline = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+															   TimestampTzGetDatum(now),
+															   IntervalPGetDatum(wait)));
+		if (bounded && (rough < -DLOCK_HUGE_USECS || deadline < now))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("wait must not be negative"),
+					 errdetail("The wait given was %s.",
+							   DatumGetCString(DirectFunctionCall1(interval_out,
+																   IntervalPGetDatum(wait)))),
 					 errhint("Pass how long to wait, '0' to try once, or NULL to wait without a limit of its own.")));
 	}
 
@@ -712,15 +736,23 @@ dlock_prune(PG_FUNCTION_ARGS)
 	uint64		deleted;
 
 	if (PG_ARGISNULL(0))
-		null_argument("older_than");
+		dlock_null_argument(fcinfo, "older_than");
 	older_than = PG_GETARG_INTERVAL_P(0);
-	cutoff = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
-													 TimestampTzGetDatum(now),
-													 IntervalPGetDatum(older_than)));
+	if (rough_usecs(older_than) > DLOCK_HUGE_USECS)
+		PG_RETURN_INT64(0);		/* no lease is that old */
+	if (rough_usecs(older_than) < -DLOCK_HUGE_USECS)
+		cutoff = DT_NOEND;
+	else
+		cutoff = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
+														 TimestampTzGetDatum(now),
+														 IntervalPGetDatum(older_than)));
 	if (cutoff > now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("older_than must not be negative"),
+				 errdetail("The age given was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(older_than)))),
 				 errhint("Pass how long a key must have been free, for example '1 day'.")));
 
 	values[0] = TimestampTzGetDatum(cutoff);

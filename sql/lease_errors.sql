@@ -53,13 +53,26 @@ SELECT dlock.renew('e', gen_random_uuid(), '2 days');
 \echo :LAST_ERROR_SQLSTATE
 SELECT (dlock.try_acquire('e-day', '1 day')).fence IS NOT NULL AS one_day_ok;
 
+-- Absurd lengths get the same errors, not a bare "timestamp out of range"
+SELECT dlock.try_acquire('e', '1000000 years');
+\echo :LAST_ERROR_SQLSTATE
+SELECT dlock.renew('e', gen_random_uuid(), '-178000000 years');
+\echo :LAST_ERROR_SQLSTATE
+
 -- Waits: negative
 SELECT dlock.acquire('e', '1 hour', '-1 second');
 \echo :LAST_ERROR_SQLSTATE
+SELECT dlock.acquire('e', '1 hour', '-178000000 years');
+\echo :LAST_ERROR_SQLSTATE
+-- a wait of decades means no limit of its own (the key is free: granted)
+SELECT (dlock.acquire('e-wait', '1 hour', '1000000 years')).fence IS NOT NULL AS granted;
 
--- prune: negative age
+-- prune: negative age; an age of decades prunes nothing
 SELECT dlock.prune('-1 hour');
 \echo :LAST_ERROR_SQLSTATE
+SELECT dlock.prune('-178000000 years');
+\echo :LAST_ERROR_SQLSTATE
+SELECT dlock.prune('178000000 years') AS pruned;
 
 -- Holder label too long
 SELECT dlock.try_acquire('e', '1 hour', repeat('h', 1025));
@@ -83,7 +96,7 @@ DROP ROLE dlock_errors_user;
 SET dlock.no_such_setting = 1;
 \echo :LAST_ERROR_SQLSTATE
 
--- Nothing changed: two rows added by the valid calls above, and only those
--- two calls drew tokens.
+-- Nothing changed: three rows added by the valid calls above, and only
+-- those three calls drew tokens.
 SELECT count(*) - :rows_before AS rows_added FROM dlock.leases;
 SELECT last_value - :seq_before AS tokens_drawn FROM dlock.fence_seq;
