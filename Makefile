@@ -17,7 +17,8 @@ PGFILEDESC = "dlock - leases with fencing tokens"
 REGRESS = lease_api lease_errors fence_trigger
 REGRESS_OPTS = --inputdir=. --load-extension=dlock
 ISOLATION = acquire_race stale_owner repeatable_read \
-	fence_takeover fence_stale_write fence_isolation fence_two_keys
+	fence_takeover fence_stale_write fence_isolation fence_two_keys \
+	fence_savepoint
 ISOLATION_OPTS = --load-extension=dlock
 TAP_TESTS = 1
 

@@ -58,4 +58,6 @@ _PG_init(void)
 							 NULL);
 
 	MarkGUCPrefixReserved("dlock");
+
+	dlock_fence_init();
 }

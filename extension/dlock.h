@@ -14,12 +14,18 @@
  * itself while grants are strictly ordered against everything else:
  *
  *	grant (try_acquire/acquire), prune	ExclusiveLock
- *	renew, release						RowShareLock (plus the owner-op lock)
+ *	renew								RowShareLock (plus the owner-op lock)
+ *	release								RowExclusiveLock (plus the owner-op lock)
  *	fenced write (trigger, use_fence)	ShareLock
  *
- * ExclusiveLock conflicts with both of the others; RowShareLock and
+ * ExclusiveLock conflicts with all of the others.  RowShareLock and
  * ShareLock do not conflict, so a holder can renew its lease from another
  * connection while one of its transactions is writing under the lease.
+ * RowExclusiveLock conflicts with ShareLock: a release waits for the
+ * transactions writing under the lease to end.  So while a writer holds
+ * its ShareLock, its key's token cannot change and its lease cannot end
+ * except by running out, which lets fence.c verify a key once per
+ * transaction and then only compare the clock with the expiry.
  *
  *-------------------------------------------------------------------------
  */
@@ -61,6 +67,10 @@ extern void dlock_lock_owner_ops(const char *key, int len);
 extern void dlock_register_waiter(const char *key, int len);
 extern void dlock_unregister_waiter(const char *key, int len);
 extern void dlock_wake_waiters(const char *key, int len);
+
+/* fence.c */
+extern void dlock_fence_init(void);
+extern void dlock_fence_forget(text *key);
 
 /* lease.c */
 extern void dlock_read_lease(text *key, DlockLease *lease);

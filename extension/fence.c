@@ -12,9 +12,10 @@
  * refused.  The writer's isolation level does not matter, because the
  * lease is never read with the writer's own snapshot.
  *
- * Tokens presented with use_fence are remembered for the current
- * transaction only (so they work behind a transaction-pooling proxy); the
- * list lives in TopTransactionContext and is recognized as stale by the
+ * Tokens presented with use_fence, and leases already verified, are
+ * remembered for the current transaction only (so they work behind a
+ * transaction-pooling proxy, and a bulk write looks each key up once); the
+ * table lives in TopTransactionContext and is recognized as stale by the
  * local transaction id when a new transaction starts.
  *
  *-------------------------------------------------------------------------
@@ -22,6 +23,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
@@ -30,6 +32,7 @@
 #include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -61,71 +64,103 @@ typedef enum FenceVerdict
 	FENCE_EXPIRED				/* the lease expired */
 } FenceVerdict;
 
-/* A token presented with use_fence in this transaction. */
-typedef struct PresentedToken
+/*
+ * What this transaction knows about a key it writes under: the token
+ * presented with use_fence, and the lease as last read while holding the
+ * key's ShareLock.  That lock is kept to the end of the transaction and
+ * excludes grants and releases, so until then the key's token cannot
+ * change and its lease can only be renewed or run out: a later write under
+ * the same token needs no new lookup while the clock is before the expiry
+ * read.  A subtransaction abort releases locks taken inside it, so it
+ * forgets every verified lease.
+ */
+typedef struct KeyState
 {
-	char	   *key;
-	int64		fence;
-} PresentedToken;
+	char		key[DLOCK_MAX_KEY_BYTES + 1];	/* hash key */
+	bool		presented;		/* use_fence named a token for key */
+	int64		presented_fence;
+	bool		verified;		/* lease below read under our ShareLock */
+	DlockLease	lease;
+} KeyState;
 
-static List *presented_tokens = NIL;
-static LocalTransactionId presented_lxid = InvalidLocalTransactionId;
+static HTAB *key_states = NULL;
+static LocalTransactionId key_states_lxid = InvalidLocalTransactionId;
 
-/* Return the tokens presented in the current transaction. */
-static List *
-current_presented(void)
+/*
+ * Return the state of key in the current transaction; create it (all
+ * false) when create is set, else return NULL when there is none.
+ */
+static KeyState *
+key_state(const char *key, bool create)
 {
-	if (presented_lxid != MyProc->lxid)
+	bool		found;
+	KeyState   *st;
+
+	if (key_states_lxid != MyProc->lxid)
 	{
-		/* the old list went away with its transaction's memory */
-		presented_tokens = NIL;
-		presented_lxid = MyProc->lxid;
+		/* the old table went away with its transaction's memory */
+		key_states = NULL;
+		key_states_lxid = MyProc->lxid;
 	}
-	return presented_tokens;
+	if (key_states == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!create)
+			return NULL;
+		ctl.keysize = DLOCK_MAX_KEY_BYTES + 1;
+		ctl.entrysize = sizeof(KeyState);
+		ctl.hcxt = TopTransactionContext;
+		key_states = hash_create("dlock fenced keys", 16, &ctl,
+								 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	st = hash_search(key_states, key, create ? HASH_ENTER : HASH_FIND, &found);
+	if (create && !found)
+	{
+		st->presented = false;
+		st->verified = false;
+	}
+	return st;
 }
 
-/* Find the token presented for key in this transaction. */
-static bool
-find_presented(const char *key, int64 *fence)
-{
-	ListCell   *lc;
-
-	foreach(lc, current_presented())
-	{
-		PresentedToken *p = (PresentedToken *) lfirst(lc);
-
-		if (strcmp(p->key, key) == 0)
-		{
-			*fence = p->fence;
-			return true;
-		}
-	}
-	return false;
-}
-
-/* Remember that this transaction writes under key with token fence. */
+/* Forget verified leases when a subtransaction aborts (see KeyState). */
 static void
-remember_presented(const char *key, int64 fence)
+fence_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
 {
-	ListCell   *lc;
-	MemoryContext old;
-	PresentedToken *p;
+	HASH_SEQ_STATUS status;
+	KeyState   *st;
 
-	foreach(lc, current_presented())
-	{
-		p = (PresentedToken *) lfirst(lc);
-		if (strcmp(p->key, key) == 0)
-		{
-			p->fence = fence;
-			return;
-		}
-	}
-	old = MemoryContextSwitchTo(TopTransactionContext);
-	p = palloc(sizeof(PresentedToken));
-	p->key = pstrdup(key);
-	p->fence = fence;
-	presented_tokens = lappend(presented_tokens, p);
-	MemoryContextSwitchTo(old);
+	if (event != SUBXACT_EVENT_ABORT_SUB || key_states == NULL ||
+		key_states_lxid != MyProc->lxid)
+		return;
+	hash_seq_init(&status, key_states);
+	while ((st = hash_seq_search(&status)) != NULL)
+		st->verified = false;
+}
+
+/*
+ * Forget the verified lease of key: this transaction has just granted,
+ * renewed or released it itself (its own locks never conflict with each
+ * other, so nothing else would tell us).
+ */
+void
+dlock_fence_forget(text *key)
+{
+	KeyState   *st;
+
+	if (key_states == NULL || key_states_lxid != MyProc->lxid)
+		return;
+	st = key_state(text_to_cstring(key), false);
+	if (st)
+		st->verified = false;
+}
+
+/* Set up the fencing module; called once from _PG_init. */
+void
+dlock_fence_init(void)
+{
+	RegisterSubXactCallback(fence_subxact_callback, NULL);
 }
 
 /*
@@ -259,9 +294,15 @@ dlock_use_fence(PG_FUNCTION_ARGS)
 	DlockLease	lease;
 	FenceVerdict v = lock_and_judge(key, fence, &lease);
 
+	KeyState   *st;
+
 	if (v != FENCE_OK)
 		refuse(v, key, true, fence, &lease, NULL);
-	remember_presented(key, fence);
+	st = key_state(key, true);
+	st->presented = true;
+	st->presented_fence = fence;
+	st->verified = true;
+	st->lease = lease;
 	PG_RETURN_VOID();
 }
 
@@ -357,22 +398,36 @@ static int64
 guard_key(const char *key, FenceMode mode, bool column_has, int64 column_token,
 		  bool has_old_stamp, int64 old_stamp, const char *relname)
 {
-	bool		has_token;
+	KeyState   *st = key_state(key, false);
+	bool		has_token = false;
 	int64		token = 0;
-	DlockLease	lease;
-	FenceVerdict v;
 
-	has_token = find_presented(key, &token);
-	if (!has_token && column_has)
+	if (st && st->presented)
+	{
+		has_token = true;
+		token = st->presented_fence;
+	}
+	else if (column_has)
 	{
 		has_token = true;
 		token = column_token;
 	}
 
-	(void) dlock_lock_key(key, strlen(key), ShareLock, false);
-	v = judge(key, has_token, token, mode, &lease);
-	if (v != FENCE_OK)
-		refuse(v, key, has_token, token, &lease, relname);
+	if (!(has_token && st && st->verified && st->lease.fence == token &&
+		  (mode == FENCE_MODE_MONOTONIC ||
+		   (st->lease.held && GetCurrentTimestamp() < st->lease.expires_at))))
+	{
+		DlockLease	lease;
+		FenceVerdict v;
+
+		(void) dlock_lock_key(key, strlen(key), ShareLock, false);
+		v = judge(key, has_token, token, mode, &lease);
+		if (v != FENCE_OK)
+			refuse(v, key, has_token, token, &lease, relname);
+		st = key_state(key, true);
+		st->verified = true;
+		st->lease = lease;
+	}
 	if (mode == FENCE_MODE_MONOTONIC && has_old_stamp && old_stamp > token)
 		ereport(ERROR,
 				(errcode(ERRCODE_DLOCK_FENCE_REFUSED),
@@ -518,12 +573,13 @@ dlock_fence_guard(PG_FUNCTION_ARGS)
 						 has_old_stamp, old_stamp, relname);
 	if (newkey)
 	{
-		int64		presented;
 		int64		token = guard_key(newkey, mode, column_has, column_token,
 									  has_old_stamp, old_stamp, relname);
 
 		/* Stamp the row with the token presented with use_fence. */
-		if (tokatt > 0 && find_presented(newkey, &presented))
+		KeyState   *st = key_state(newkey, false);
+
+		if (tokatt > 0 && st && st->presented)
 		{
 			Datum		value = Int64GetDatum(token);
 			bool		isnull = false;

@@ -495,6 +495,7 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 											   &isnull));
 	storage_end(&save);
 
+	dlock_fence_forget(key);
 	secure_drawn_fence();
 	force_synchronous_commit();
 	return GRANT_OK;
@@ -635,8 +636,9 @@ dlock_acquire(PG_FUNCTION_ARGS)
 }
 
 /*
- * Run an owner operation (renew or release) on key: take the locks that
- * order it against grants and other owner operations, read the clock only
+ * Run an owner operation (renew or release) on key: take the key lock in
+ * mode and the owner-op lock, which order it against grants, fenced
+ * writers (see dlock.h) and other owner operations, read the clock only
  * then (a wait for the locks must not make an expired lease look alive),
  * and run plan with $1 key, $2 owner, $3 now and $4 the new expires_at:
  * now + ttl, or now when ttl is NULL.  Return the rows it changed and set
@@ -644,7 +646,8 @@ dlock_acquire(PG_FUNCTION_ARGS)
  */
 static uint64
 owner_operation(SPIPlanPtr *cache, const char *sql, text *key,
-				pg_uuid_t *owner, Interval *ttl, TimestampTz *end)
+				pg_uuid_t *owner, LOCKMODE mode, Interval *ttl,
+				TimestampTz *end)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
@@ -655,7 +658,7 @@ owner_operation(SPIPlanPtr *cache, const char *sql, text *key,
 	uint64		changed;
 
 	storage_begin(&save);
-	(void) dlock_lock_key(k, len, RowShareLock, false);
+	(void) dlock_lock_key(k, len, mode, false);
 	dlock_lock_owner_ops(k, len);
 	now = GetCurrentTimestamp();
 	*end = ttl ? lease_end(now, ttl) : now;
@@ -686,15 +689,17 @@ dlock_renew(PG_FUNCTION_ARGS)
 						" WHERE key OPERATOR(pg_catalog.=) $1"
 						" AND owner OPERATOR(pg_catalog.=) $2"
 						" AND expires_at OPERATOR(pg_catalog.>) $3",
-						key, owner, ttl, &end) == 0)
+						key, owner, RowShareLock, ttl, &end) == 0)
 		PG_RETURN_NULL();
+	dlock_fence_forget(key);
 	force_synchronous_commit();
 	PG_RETURN_TIMESTAMPTZ(end);
 }
 
 /*
  * dlock.release(key, owner): end owner's unexpired lease now and wake the
- * acquirers waiting for it.  Never touches another owner's lease.  The
+ * acquirers waiting for it.  Never touches another owner's lease.  Waits
+ * for transactions writing under the lease to end first.  The
  * commit may be asynchronous: losing a release in a crash only delays the
  * key's availability until the lease expires.
  */
@@ -710,8 +715,9 @@ dlock_release(PG_FUNCTION_ARGS)
 						" WHERE key OPERATOR(pg_catalog.=) $1"
 						" AND owner OPERATOR(pg_catalog.=) $2"
 						" AND expires_at OPERATOR(pg_catalog.>) $3",
-						key, owner, NULL, &end) == 0)
+						key, owner, RowExclusiveLock, NULL, &end) == 0)
 		PG_RETURN_BOOL(false);
+	dlock_fence_forget(key);
 	dlock_wake_waiters(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	PG_RETURN_BOOL(true);
 }

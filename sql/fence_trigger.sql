@@ -237,6 +237,40 @@ SELECT dlock.fence_guard();
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS misuse_rows FROM misuse;
 
+-- Within one transaction a key is read once, then only the clock is
+-- compared with the expiry read; the answers must stay exact when the
+-- transaction itself renews, shortens, releases or re-grants the lease.
+SELECT * FROM dlock.try_acquire('stock-sync:warehouse-5', '300 milliseconds') \gset t_
+BEGIN;
+SELECT dlock.use_fence('stock-sync:warehouse-5', :t_fence);
+INSERT INTO stock VALUES (5, 'kiwi', 1);
+SELECT dlock.renew('stock-sync:warehouse-5', :'t_owner', '1 hour') IS NOT NULL AS renewed;
+SELECT pg_sleep(0.4);
+UPDATE stock SET qty = 2 WHERE sku = 'kiwi';   -- past the first expiry, but renewed
+SELECT dlock.renew('stock-sync:warehouse-5', :'t_owner', '100 milliseconds') IS NOT NULL AS shortened;
+SELECT pg_sleep(0.2);
+UPDATE stock SET qty = 3 WHERE sku = 'kiwi';   -- expired now
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT * FROM dlock.try_acquire('stock-sync:warehouse-5', '1 hour') \gset t_
+BEGIN;
+SELECT dlock.use_fence('stock-sync:warehouse-5', :t_fence);
+INSERT INTO stock VALUES (5, 'kiwi', 1);
+SELECT dlock.release('stock-sync:warehouse-5', :'t_owner') AS released;
+INSERT INTO stock VALUES (5, 'lime', 1);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT * FROM dlock.try_acquire('stock-sync:warehouse-6', '300 milliseconds') \gset t_
+BEGIN;
+SELECT dlock.use_fence('stock-sync:warehouse-6', :t_fence);
+INSERT INTO stock VALUES (6, 'kiwi', 1);
+SELECT pg_sleep(0.4);
+SELECT (dlock.try_acquire('stock-sync:warehouse-6', '1 hour')).fence > :t_fence AS regranted;
+INSERT INTO stock VALUES (6, 'lime', 1);       -- still presents the old token
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT count(*) AS rolled_back_rows FROM stock WHERE warehouse_id IN (5, 6);
+
 -- The escape hatch: superusers, and roles granted SET on dlock.fence_bypass,
 -- may write without a token for a transaction; each such write is logged.
 BEGIN;
