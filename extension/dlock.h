@@ -64,6 +64,7 @@ extern bool dlock_lock_key(const char *key, int len, LOCKMODE mode,
 						   bool nowait);
 extern void dlock_unlock_key(const char *key, int len, LOCKMODE mode);
 extern void dlock_lock_owner_ops(const char *key, int len);
+extern void dlock_unlock_owner_ops(const char *key, int len);
 extern void dlock_register_waiter(const char *key, int len);
 extern void dlock_unregister_waiter(const char *key, int len);
 extern void dlock_wake_waiters(const char *key, int len);

@@ -372,6 +372,10 @@ build_key(const char *template, HeapTuple tuple, Trigger *trigger,
 			misuse(trigger, rel,
 				   psprintf("The key template \"%s\" names column \"%s\", which table \"%s\" does not have.",
 							template, column, RelationGetRelationName(rel)));
+		if (TupleDescAttr(desc, attnum - 1)->attgenerated)
+			misuse(trigger, rel,
+				   psprintf("The key template \"%s\" names the generated column \"%s\": BEFORE triggers run before it is computed, so the row's key would be wrong.",
+							template, column));
 		value = SPI_getvalue(tuple, desc, attnum);
 		if (value == NULL)
 			ereport(ERROR,
@@ -507,6 +511,10 @@ dlock_fence_guard(PG_FUNCTION_ARGS)
 			misuse(trigger, rel,
 				   psprintf("The token column \"%s\" does not exist in table \"%s\".",
 							args[1], relname));
+		if (TupleDescAttr(desc, tokatt - 1)->attgenerated)
+			misuse(trigger, rel,
+				   psprintf("The token column \"%s\" is a generated column; it must be written by the writer.",
+							args[1]));
 		if (TupleDescAttr(desc, tokatt - 1)->atttypid != INT8OID)
 			misuse(trigger, rel,
 				   psprintf("The token column \"%s\" is of type %s; it must be bigint.",
@@ -559,14 +567,25 @@ dlock_fence_guard(PG_FUNCTION_ARGS)
 		return PointerGetDatum(newtup ? newtup : oldtup);
 	}
 
-	/* A token column presents a token only when this write sets it. */
+	/*
+	 * A token column presents a token only when this write puts a token
+	 * there: any value in an INSERT; in an UPDATE, a value the SET list
+	 * assigns that differs from the row's.  Whoever can read the row knows
+	 * its token, so writing it back (SET fence = fence, an ORM saving the
+	 * whole row, a MERGE whose other action assigns the column) proves
+	 * nothing; present it with use_fence instead.
+	 */
+	if (tokatt > 0 && oldtup)
+		has_old_stamp = tuple_token(oldtup, desc, tokatt, &old_stamp);
 	if (tokatt > 0 && newtup &&
 		(oldtup == NULL ||
 		 bms_is_member(tokatt - FirstLowInvalidHeapAttributeNumber,
 					   trigdata->tg_updatedcols)))
+	{
 		column_has = tuple_token(newtup, desc, tokatt, &column_token);
-	if (tokatt > 0 && oldtup)
-		has_old_stamp = tuple_token(oldtup, desc, tokatt, &old_stamp);
+		if (column_has && oldtup && has_old_stamp && column_token == old_stamp)
+			column_has = false;
+	}
 
 	if (oldkey && (newkey == NULL || strcmp(oldkey, newkey) != 0))
 		(void) guard_key(oldkey, mode, column_has, column_token,

@@ -124,6 +124,16 @@ dlock_lock_owner_ops(const char *key, int len)
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 }
 
+/* Give back the lock taken by dlock_lock_owner_ops. */
+void
+dlock_unlock_owner_ops(const char *key, int len)
+{
+	LOCKTAG		tag;
+
+	key_locktag(&tag, key, len, DLOCK_SPACE_OWNER_OPS);
+	LockRelease(&tag, ExclusiveLock, false);
+}
+
 /*
  * Announce that this backend sleeps until key is released.  The lock
  * never blocks: nobody takes a conflicting mode on the waiter space.
@@ -148,9 +158,10 @@ dlock_unregister_waiter(const char *key, int len)
 }
 
 /*
- * Wake every backend sleeping in acquire() on key.  Called by release
- * while it holds the key lock: a woken waiter then queues on that lock and
- * reads the lease state only once the release has committed or aborted.
+ * Wake every backend sleeping in acquire() on key.  Called by release and
+ * renew (which may move the expiry earlier) while they hold the key lock:
+ * a woken waiter then reads the lease state only once that change has
+ * committed or aborted.
  */
 void
 dlock_wake_waiters(const char *key, int len)

@@ -31,6 +31,7 @@
 
 #include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/relation.h"
 #include "access/skey.h"
 #include "access/table.h"
 #include "access/xact.h"
@@ -42,6 +43,9 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "replication/syncrep.h"
+#include "replication/walsender.h"
+#include "replication/walsender_private.h"
+#include "storage/bufmgr.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -62,14 +66,18 @@ PG_FUNCTION_INFO_V1(dlock_renew);
 PG_FUNCTION_INFO_V1(dlock_release);
 PG_FUNCTION_INFO_V1(dlock_prune);
 
-/* Longest pause between two attempts while another transaction holds the
- * key lock in a bounded acquire (lease releases wake waiters at once). */
-#define BUSY_BACKOFF_MAX_MS		10
+/*
+ * Longest pause between two attempts of a bounded acquire while another
+ * transaction holds the key lock (a release, a grant, or a writer under
+ * the lease still open).  The pauses start at 1 ms and double.
+ */
+#define BUSY_BACKOFF_MAX_MS		50
 
 typedef enum GrantResult
 {
 	GRANT_OK,					/* granted; the key lock is held */
 	GRANT_HELD,					/* another owner holds an unexpired lease */
+	GRANT_HELD_UNLOCKED,		/* looks so, read while the lock was busy */
 	GRANT_BUSY					/* key lock not available (nowait) */
 } GrantResult;
 
@@ -365,22 +373,55 @@ force_synchronous_commit(void)
 }
 
 /*
- * Make the fencing token just drawn safe to show.  Inside an explicit
- * transaction block the caller sees the token before commit, so the
- * sequence's WAL is flushed (and sent to synchronous standbys) now: after a
- * crash or failover the sequence must not hand the same number out again,
- * even if this transaction never commits.  In autocommit the commit itself
- * does that before the caller sees anything.
+ * Make the fencing token just drawn safe to show, before the caller can
+ * see it: after a crash or a failover the sequence must not hand the same
+ * number out again, even if this transaction never commits (a rollback, a
+ * crash before commit, or a client that used the token before its commit:
+ * inside a transaction block, in a protocol pipeline, ...).
+ *
+ * A sequence logs ahead (one WAL record every 32 values), so the record
+ * covering our token is at or before the LSN of the sequence's page.  That
+ * is usually flushed already and this costs a buffer read; otherwise we
+ * flush it and, with synchronous standbys, wait for them to have it.
+ * Call with synchronous_commit already raised (force_synchronous_commit).
  */
 static void
 secure_drawn_fence(void)
 {
-	if (IsTransactionBlock())
-	{
-		XLogRecPtr	lsn = GetXLogInsertRecPtr();
+	Relation	seq = relation_open(dlock_relid("fence_seq"), AccessShareLock);
+	Buffer		buf = ReadBuffer(seq, 0);
+	XLogRecPtr	lsn;
 
-		XLogFlush(lsn);
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	lsn = PageGetLSN(BufferGetPage(buf));
+	UnlockReleaseBuffer(buf);
+	relation_close(seq, AccessShareLock);
+
+	XLogFlush(lsn);				/* returns at once when already flushed */
+	if (SyncRepRequested())
+	{
+		bool		replicated;
+
 		SyncRepWaitForLSN(lsn, false);
+
+		/*
+		 * A cancel ends that wait with only a warning: check.  (Only the
+		 * lsn[] array of WalSndCtl is read; the fields after it changed in
+		 * PostgreSQL 15 minor releases.)
+		 */
+		replicated = SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0';
+		if (!replicated)
+		{
+			LWLockAcquire(SyncRepLock, LW_SHARED);
+			replicated = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
+			LWLockRelease(SyncRepLock);
+		}
+		if (!replicated)
+			ereport(ERROR,
+					(errcode(ERRCODE_QUERY_CANCELED),
+					 errmsg("fencing token not confirmed by the synchronous standbys"),
+					 errdetail("The wait for synchronous replication was cancelled before the standbys had the token's WAL; the grant is rolled back and the token is never used."),
+					 errhint("Try again; check that the synchronous standbys are connected.")));
 	}
 }
 
@@ -400,10 +441,11 @@ new_owner(pg_uuid_t *owner)
  * One attempt to grant key for ttl.  With nowait, give up (GRANT_BUSY)
  * rather than wait for another transaction holding the key lock.  With
  * quick_refusal, when the key lock is busy, look without it and refuse at
- * once if the lease is held: a refusal needs no lock, only a grant does.
- * On GRANT_OK
- * the key lock stays held until the end of the transaction and *lease is
- * the new lease; on GRANT_HELD *lease is the lease that is in the way.
+ * once if the lease is held (GRANT_HELD_UNLOCKED): a refusal needs no lock,
+ * only a grant does.  That look may predate a release in progress, so a
+ * waiter must not sleep on it until the expiry.  On GRANT_OK the key lock
+ * stays held until the end of the transaction and *lease is the new lease;
+ * on GRANT_HELD(_UNLOCKED) *lease is the lease that is in the way.
  */
 static GrantResult
 attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
@@ -430,7 +472,7 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 			if (lease_is_live(lease, GetCurrentTimestamp()))
 			{
 				storage_end(&save);
-				return GRANT_HELD;
+				return GRANT_HELD_UNLOCKED;
 			}
 		}
 		if (nowait)
@@ -496,8 +538,8 @@ attempt_grant(text *key, Interval *ttl, text *holder, bool nowait,
 	storage_end(&save);
 
 	dlock_fence_forget(key);
-	secure_drawn_fence();
 	force_synchronous_commit();
+	secure_drawn_fence();
 	return GRANT_OK;
 }
 
@@ -542,8 +584,11 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 /*
  * dlock.acquire(key, ttl, wait, holder): like try_acquire, but wait up to
  * wait (NULL: no limit of our own) for the lease to be released or to
- * expire.  Releases wake us through our latch (keylock.c); expiries by our
- * own timeout.  No key lock is held while sleeping.
+ * expire.  Releases and renewals wake us through our latch (keylock.c);
+ * expiries by our own timeout.  No key lock is held while sleeping.  While
+ * another transaction holds the key lock, an unbounded acquire queues for
+ * it in the lock manager; a bounded one retries with growing pauses, since
+ * a lock wait cannot be given a deadline of its own.
  */
 Datum
 dlock_acquire(PG_FUNCTION_ARGS)
@@ -590,7 +635,7 @@ dlock_acquire(PG_FUNCTION_ARGS)
 		long		timeout_ms;
 
 		CHECK_FOR_INTERRUPTS();
-		r = attempt_grant(key, ttl, holder, bounded, false, &lease);
+		r = attempt_grant(key, ttl, holder, bounded, bounded, &lease);
 		if (r == GRANT_OK)
 			break;
 
@@ -602,10 +647,10 @@ dlock_acquire(PG_FUNCTION_ARGS)
 							text_to_cstring(key),
 							DatumGetCString(DirectFunctionCall1(interval_out,
 																PG_GETARG_DATUM(2)))),
-					 r == GRANT_HELD ?
+					 r != GRANT_BUSY ?
 					 errdetail("Another owner holds the lease until %s.",
 							   timestamptz_to_str(lease.expires_at)) :
-					 errdetail("Another transaction kept the key locked."),
+					 errdetail("A transaction writing under the key's expired lease, or changing the key, was still open."),
 					 errhint("Retry later, or pass a longer wait.")));
 
 		if (r == GRANT_HELD)
@@ -616,6 +661,8 @@ dlock_acquire(PG_FUNCTION_ARGS)
 		else
 		{
 			wake_at = now + backoff_ms * 1000;
+			if (r == GRANT_HELD_UNLOCKED && lease.expires_at < wake_at)
+				wake_at = lease.expires_at;
 			backoff_ms = Min(backoff_ms * 2, BUSY_BACKOFF_MAX_MS);
 		}
 		if (bounded && wake_at > deadline)
@@ -669,6 +716,17 @@ owner_operation(SPIPlanPtr *cache, const char *sql, text *key,
 	changed = storage_exec(storage_plan(cache, sql, 4, argtypes),
 						   values, NULL);
 	storage_end(&save);
+
+	/*
+	 * Nothing changed (not the owner, or the lease is gone): keep no locks,
+	 * so that a caller without the owner cannot hold the key up by leaving
+	 * its transaction open.
+	 */
+	if (changed == 0)
+	{
+		dlock_unlock_owner_ops(k, len);
+		dlock_unlock_key(k, len, mode);
+	}
 	return changed;
 }
 
@@ -692,6 +750,8 @@ dlock_renew(PG_FUNCTION_ARGS)
 						key, owner, RowShareLock, ttl, &end) == 0)
 		PG_RETURN_NULL();
 	dlock_fence_forget(key);
+	/* waiters sleep until the old expiry, which may be later than end */
+	dlock_wake_waiters(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	force_synchronous_commit();
 	PG_RETURN_TIMESTAMPTZ(end);
 }

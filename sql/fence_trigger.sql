@@ -34,11 +34,21 @@ UPDATE stock SET qty = qty + 1 WHERE sku = 'apple';
 
 -- An INSERT that supplies the token column presents it.
 INSERT INTO stock VALUES (42, 'plum', 7, :a_fence);
--- An UPDATE presents it only when its SET list assigns the column ...
-UPDATE stock SET qty = qty + 1, fence = :a_fence WHERE sku = 'apple';
--- ... a value merely carried over from the row is not presented.
+-- An UPDATE presents it only when its SET list assigns the column a token
+-- the row does not carry already: a value carried over from the row ...
 UPDATE stock SET qty = qty + 1 WHERE sku = 'apple';
 \echo :LAST_ERROR_SQLSTATE
+-- ... or written back (anyone who reads the row knows its token) is not
+-- presented: a stale holder saving the whole row back is refused.
+UPDATE stock SET qty = qty + 1, fence = fence WHERE sku = 'apple';
+\echo :LAST_ERROR_SQLSTATE
+UPDATE stock SET qty = qty + 1, fence = :a_fence WHERE sku = 'apple';
+\echo :LAST_ERROR_SQLSTATE
+-- use_fence presents it for such rows.
+BEGIN;
+SELECT dlock.use_fence('stock-sync:warehouse-42', :a_fence);
+UPDATE stock SET qty = qty + 1 WHERE sku = 'apple';
+COMMIT;
 -- DELETE presents its token only with use_fence.
 DELETE FROM stock WHERE sku = 'plum';
 \echo :LAST_ERROR_SQLSTATE
@@ -59,14 +69,14 @@ SELECT dlock.renew('stock-sync:warehouse-42', :'a_owner', '100 milliseconds') IS
 SELECT pg_sleep(0.2);
 -- expired, not yet taken: refused
 SELECT dlock.check_fence('stock-sync:warehouse-42', :a_fence) AS a_valid_after_expiry;
-UPDATE stock SET qty = 0, fence = :a_fence WHERE sku = 'apple';
+SELECT dlock.use_fence('stock-sync:warehouse-42', :a_fence);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO stock VALUES (42, 'quince', 1, :a_fence);
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM dlock.try_acquire('stock-sync:warehouse-42', '1 hour', 'worker-b') \gset b_
 SELECT :b_fence - :a_fence AS b_minus_a;
-BEGIN;
-SELECT dlock.use_fence('stock-sync:warehouse-42', :b_fence);
-UPDATE stock SET qty = 100 WHERE sku = 'apple';
-COMMIT;
+-- B writes with its token in the column: a token the row does not carry.
+UPDATE stock SET qty = 100, fence = :b_fence WHERE sku = 'apple';
 
 -- A wakes up and writes with its old token: refused, B's data stands.
 UPDATE stock SET qty = 0, fence = :a_fence WHERE sku = 'apple';
@@ -74,6 +84,13 @@ UPDATE stock SET qty = 0, fence = :a_fence WHERE sku = 'apple';
 SELECT dlock.use_fence('stock-sync:warehouse-42', :a_fence);
 \echo :LAST_ERROR_SQLSTATE
 SELECT sku, qty, fence = :b_fence AS written_by_b FROM stock ORDER BY sku;
+
+-- MERGE: an action that does not assign the token column presents nothing,
+-- even when another action of the same MERGE assigns it.
+MERGE INTO stock s USING (VALUES ('apple')) v(sku) ON s.sku = v.sku
+WHEN MATCHED AND s.qty < 0 THEN UPDATE SET fence = -1
+WHEN MATCHED THEN UPDATE SET qty = 777;
+\echo :LAST_ERROR_SQLSTATE
 
 -- A statement that is refused on any row changes nothing.
 SELECT * FROM dlock.try_acquire('stock-sync:warehouse-7', '1 hour') \gset c_
@@ -157,22 +174,26 @@ SELECT count(*) AS ledger_rows FROM ledger;
 -- token is lower than the one stamped on the row.
 CREATE TABLE docs (id int, body text, fence bigint);
 CREATE TRIGGER docs_fence BEFORE INSERT OR UPDATE OR DELETE ON docs
-  FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('doc:{id}', 'fence', 'monotonic');
+  FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('doc:1', 'fence', 'monotonic');
 SELECT * FROM dlock.try_acquire('doc:1', '100 milliseconds') \gset m_
 INSERT INTO docs VALUES (1, 'first', :m_fence);
 SELECT pg_sleep(0.2);
-UPDATE docs SET body = 'late but still newest', fence = :m_fence WHERE id = 1;
+INSERT INTO docs VALUES (2, 'late but still newest', :m_fence);
 SELECT * FROM dlock.try_acquire('doc:1', '1 hour') \gset n_
 UPDATE docs SET body = 'by the new holder', fence = :n_fence WHERE id = 1;
 UPDATE docs SET body = 'stale', fence = :m_fence WHERE id = 1;
 \echo :LAST_ERROR_SQLSTATE
-SELECT body, fence = :n_fence AS newest FROM docs;
+SELECT id, body, fence = :n_fence AS newest FROM docs ORDER BY id;
 -- the row's stamp is checked too: a write to a row stamped by a newer grant
 -- of this key is refused (here the row was stamped by hand by an admin).
 SET dlock.fence_bypass = on;
 UPDATE docs SET fence = :n_fence + 1000 WHERE id = 1;
 RESET dlock.fence_bypass;
-UPDATE docs SET body = 'older than the row', fence = :n_fence WHERE id = 1;
+BEGIN;
+SELECT dlock.use_fence('doc:1', :n_fence);
+UPDATE docs SET body = 'older than the row' WHERE id = 1;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
 \echo :LAST_ERROR_SQLSTATE
 
 -- Misuse of the trigger: SQLSTATE 39P01 and what is wrong.
@@ -235,6 +256,18 @@ INSERT INTO misuse VALUES (2, 1, 1);
 DROP TRIGGER m ON misuse;
 SELECT dlock.fence_guard();
 \echo :LAST_ERROR_SQLSTATE
+CREATE TABLE gen (region int, rkey text GENERATED ALWAYS AS ('reg-' || region) STORED,
+                  fence bigint, gtok bigint GENERATED ALWAYS AS (fence + 0) STORED);
+CREATE TRIGGER m BEFORE INSERT ON gen
+  FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{rkey}', 'fence');
+INSERT INTO gen (region, fence) VALUES (1, 1);
+\echo :LAST_ERROR_SQLSTATE
+DROP TRIGGER m ON gen;
+CREATE TRIGGER m BEFORE INSERT ON gen
+  FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('reg-{region}', 'gtok');
+INSERT INTO gen (region, fence) VALUES (1, 1);
+\echo :LAST_ERROR_SQLSTATE
+DROP TABLE gen;
 SELECT count(*) AS misuse_rows FROM misuse;
 
 -- Within one transaction a key is read once, then only the clock is

@@ -32,6 +32,15 @@ SELECT dlock.renew('k', :'a_owner', '1 hour') IS NULL AS released_cannot_renew;
 SELECT owner IS NULL AS owner_cleared, expires_at <= clock_timestamp() AS ended
 FROM dlock.leases WHERE key = 'k';
 
+-- A renew or release that changes nothing keeps no lock: a caller without
+-- the owner cannot hold the key up by leaving its transaction open.
+BEGIN;
+SELECT dlock.release('job:1', gen_random_uuid()) AS stranger_release,
+       dlock.renew('job:1', gen_random_uuid(), '1 hour') IS NULL AS stranger_renew;
+SELECT count(*) AS dlock_locks_kept FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid NOT IN (1, 2) AND pid = pg_backend_pid();
+ROLLBACK;
+
 -- The next grant of the key has a larger token, and the old owner is powerless.
 SELECT * FROM dlock.try_acquire('k', '1 hour') \gset b_
 SELECT :b_fence > :a_fence AS fence_grew, :'b_owner' <> :'a_owner' AS new_owner;

@@ -75,5 +75,26 @@ my $new = $standby->safe_psql('postgres',
 cmp_ok($new, '>', $max_seen,
 	'a new token on the promoted standby is greater than every token seen before, committed or not');
 
+# With a synchronous standby that is not there, a token cannot be
+# confirmed: a grant whose wait is cancelled fails instead of returning an
+# unconfirmed token, and leaves no lease behind.
+$standby->append_conf('postgresql.conf',
+	"synchronous_standby_names = 'nobody'\n");
+$standby->reload;
+my ($ret, $stdout, $stderr) = $standby->psql('postgres', q{
+	SET statement_timeout = '1s';
+	BEGIN;
+	SELECT fence FROM dlock.try_acquire('unconfirmed', '1 hour');
+	COMMIT;});
+isnt($ret, 0, 'a grant whose standby wait is cancelled fails');
+like($stderr, qr/fencing token not confirmed by the synchronous standbys/,
+	'the error says the token was not confirmed');
+unlike($stdout, qr/^\d+$/m, 'no token was returned');
+$standby->append_conf('postgresql.conf', "synchronous_standby_names = ''\n");
+$standby->reload;
+is($standby->safe_psql('postgres',
+		"SELECT count(*) FROM dlock.leases WHERE key = 'unconfirmed'"),
+	'0', 'the failed grant left no lease');
+
 $standby->stop;
 done_testing();
