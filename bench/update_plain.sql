@@ -1,3 +1,5 @@
--- baseline: a single-row UPDATE on a table without the fencing trigger.
-\set f :base + :client_id
-UPDATE stock_plain SET qty = qty + 1, fence = :f WHERE id = :client_id;
+-- baseline: a transaction making a single-row UPDATE on a table without
+-- the fencing trigger.
+BEGIN;
+UPDATE stock_plain SET qty = qty + 1 WHERE id = :client_id;
+COMMIT;

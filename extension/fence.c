@@ -57,6 +57,7 @@ typedef enum FenceVerdict
 {
 	FENCE_OK,
 	FENCE_NO_TOKEN,				/* nothing presented */
+	FENCE_WRITTEN_BACK,			/* only the row's own token, written back */
 	FENCE_NO_LEASE,				/* key never granted (or pruned) */
 	FENCE_STALE,				/* a newer lease has been granted */
 	FENCE_FOREIGN,				/* token never issued for this key */
@@ -215,6 +216,10 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
 		case FENCE_NO_TOKEN:
 			msg = "no fencing token presented for key \"%s\"";
 			hint = "Call dlock.use_fence(key, fence) in the writing transaction, or write the token into the table's token column.";
+			break;
+		case FENCE_WRITTEN_BACK:
+			msg = "the row's own fencing token does not count as presented for key \"%s\"";
+			hint = "The UPDATE wrote back the token the row already carries; anyone who reads the row knows it, so that proves nothing.  Present your token with dlock.use_fence(key, fence) in the writing transaction.";
 			break;
 		case FENCE_NO_LEASE:
 			msg = "key \"%s\" has no lease";
@@ -400,7 +405,8 @@ build_key(const char *template, HeapTuple tuple, Trigger *trigger,
  */
 static int64
 guard_key(const char *key, FenceMode mode, bool column_has, int64 column_token,
-		  bool has_old_stamp, int64 old_stamp, const char *relname)
+		  bool written_back, bool has_old_stamp, int64 old_stamp,
+		  const char *relname)
 {
 	KeyState   *st = key_state(key, false);
 	bool		has_token = false;
@@ -426,6 +432,8 @@ guard_key(const char *key, FenceMode mode, bool column_has, int64 column_token,
 
 		(void) dlock_lock_key(key, strlen(key), ShareLock, false);
 		v = judge(key, has_token, token, mode, &lease);
+		if (v == FENCE_NO_TOKEN && written_back)
+			v = FENCE_WRITTEN_BACK;
 		if (v != FENCE_OK)
 			refuse(v, key, has_token, token, &lease, relname);
 		st = key_state(key, true);
@@ -475,6 +483,7 @@ dlock_fence_guard(PG_FUNCTION_ARGS)
 	char	   *oldkey = NULL;
 	bool		column_has = false;
 	int64		column_token = 0;
+	bool		written_back = false;
 	bool		has_old_stamp = false;
 	int64		old_stamp = 0;
 	const char *relname;
@@ -584,16 +593,20 @@ dlock_fence_guard(PG_FUNCTION_ARGS)
 	{
 		column_has = tuple_token(newtup, desc, tokatt, &column_token);
 		if (column_has && oldtup && has_old_stamp && column_token == old_stamp)
+		{
 			column_has = false;
+			written_back = true;
+		}
 	}
 
 	if (oldkey && (newkey == NULL || strcmp(oldkey, newkey) != 0))
-		(void) guard_key(oldkey, mode, column_has, column_token,
+		(void) guard_key(oldkey, mode, column_has, column_token, written_back,
 						 has_old_stamp, old_stamp, relname);
 	if (newkey)
 	{
 		int64		token = guard_key(newkey, mode, column_has, column_token,
-									  has_old_stamp, old_stamp, relname);
+									  written_back, has_old_stamp, old_stamp,
+									  relname);
 
 		/* Stamp the row with the token presented with use_fence. */
 		KeyState   *st = key_state(newkey, false);
