@@ -273,12 +273,12 @@ SELECT count(*) AS misuse_rows FROM misuse;
 -- Within one transaction a key is read once, then only the clock is
 -- compared with the expiry read; the answers must stay exact when the
 -- transaction itself renews, shortens, releases or re-grants the lease.
-SELECT * FROM dlock.try_acquire('stock-sync:warehouse-5', '300 milliseconds') \gset t_
+SELECT * FROM dlock.try_acquire('stock-sync:warehouse-5', '1 second') \gset t_
 BEGIN;
 SELECT dlock.use_fence('stock-sync:warehouse-5', :t_fence);
 INSERT INTO stock VALUES (5, 'kiwi', 1);
 SELECT dlock.renew('stock-sync:warehouse-5', :'t_owner', '1 hour') IS NOT NULL AS renewed;
-SELECT pg_sleep(0.4);
+SELECT pg_sleep(1.2);
 UPDATE stock SET qty = 2 WHERE sku = 'kiwi';   -- past the first expiry, but renewed
 SELECT dlock.renew('stock-sync:warehouse-5', :'t_owner', '100 milliseconds') IS NOT NULL AS shortened;
 SELECT pg_sleep(0.2);
@@ -293,11 +293,11 @@ SELECT dlock.release('stock-sync:warehouse-5', :'t_owner') AS released;
 INSERT INTO stock VALUES (5, 'lime', 1);
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
-SELECT * FROM dlock.try_acquire('stock-sync:warehouse-6', '300 milliseconds') \gset t_
+SELECT * FROM dlock.try_acquire('stock-sync:warehouse-6', '1 second') \gset t_
 BEGIN;
 SELECT dlock.use_fence('stock-sync:warehouse-6', :t_fence);
 INSERT INTO stock VALUES (6, 'kiwi', 1);
-SELECT pg_sleep(0.4);
+SELECT pg_sleep(1.2);
 SELECT (dlock.try_acquire('stock-sync:warehouse-6', '1 hour')).fence > :t_fence AS regranted;
 INSERT INTO stock VALUES (6, 'lime', 1);       -- still presents the old token
 \echo :LAST_ERROR_SQLSTATE
