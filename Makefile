@@ -5,13 +5,17 @@
 
 MODULE_big = dlock
 OBJS = \
+	extension/args.o \
 	extension/dlock.o \
+	extension/fence.o \
 	extension/keylock.o \
 	extension/lease.o \
-	extension/fence.o
+	extension/storage.o \
+	extension/trigger.o
 
 EXTENSION = dlock
-DATA = extension/dlock--0.1.sql
+DATA = extension/dlock--0.1.sql extension/dlock--0.2.sql \
+	extension/dlock--0.1--0.2.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
 REGRESS = lease_api lease_errors fence_trigger

@@ -1,176 +1,113 @@
 /*-------------------------------------------------------------------------
  *
  * keylock.c
- *		Key validation, key locks and waiter wake-ups.
+ *		Key locks, named by what the caller intends, and waiter wake-ups.
  *
- * A key is serialized with a heavyweight advisory lock whose tag is
+ * A key is serialized with heavyweight advisory locks whose tag is
  * (database, 64-bit hash of the key, lock space).  Applications' own
- * pg_advisory_lock() calls use lock spaces 1 (one bigint) and 2 (two
- * integers); ours are distinct values, so the two can never collide.  Two
- * keys whose hashes collide merely share a lock: that costs concurrency,
- * never correctness, because the lease row itself is looked up by the full
- * key.  pg_locks shows our locks as locktype 'advisory' with objsubid equal
- * to the lock space.
+ * pg_advisory_lock() calls use lock spaces 1 and 2; ours are distinct, so
+ * the two never collide.  Keys whose hashes collide merely share a lock:
+ * that costs concurrency, never correctness, because the lease row itself
+ * is looked up by the full key.  pg_locks shows our locks as locktype
+ * 'advisory' with objsubid equal to the lock space.
  *
- * Waiting acquirers hold a ShareLock on the key's tag in the waiter space
- * while they sleep.  A release asks the lock manager who holds that tag
- * and sets their latches, so a waiter wakes on the event instead of
- * polling; expiry needs no signal, waiters sleep until the expiry time.
+ * The conflict matrix.  Every mode on the key lock, who takes it, and why:
+ *
+ *	intent		mode				taken by
+ *	grant		ExclusiveLock		try_acquire, acquire, prune; NEVER waits
+ *	write		ShareLock			fenced writes, use_fence, check_fence
+ *	owner op	RowShareLock		renew and release, to check the owner
+ *	ending		RowExclusiveLock	release, and a renew that shortens
+ *
+ *				grant	write	owner op	ending
+ *	grant		  x		  x		  x			  x
+ *	write		  x		  .		  .			  x
+ *	owner op	  x		  .		  .			  .
+ *	ending		  x		  x		  .			  .
+ *
+ * plus the owner-op lock (its own space, ExclusiveLock) that keeps renew
+ * and release of one key from running at once.
+ *
+ * The rules that make this safe in the lock manager's *queue*, not only
+ * in the table above:
+ *
+ * 1. A grant never waits in the lock manager.  It is taken conditionally,
+ *	  and only after a read without any lock found no live lease (lease.c).
+ *	  A request that waited would make every later conflicting request
+ *	  (the holder's renew, its next writer) wait behind it, for a key that
+ *	  is not even free.  So a competitor can never delay the holder: it
+ *	  sleeps on its latch instead, registered as a waiter (below).
+ * 2. Writers never conflict with owner ops: the holder can renew from
+ *	  another connection while one of its transactions writes.
+ * 3. Ending a lease (release, or a renew that moves the expiry earlier)
+ *	  waits for the transactions writing under it.  So while a writer holds
+ *	  its ShareLock, its key's token cannot change and its lease cannot end
+ *	  or get shorter except by running out, which lets fence.c verify a
+ *	  key once per transaction and then only compare the clock with the
+ *	  expiry it read.  Ending is taken only after the owner op lock has
+ *	  shown the caller to be the owner: a stranger's release never queues
+ *	  in front of the holder's writers.
+ *
+ * Wake-ups.  Whoever gives up a key lock wakes the acquirers waiting for
+ * the key: at once after an early release of the lock, and after the
+ * end of the transaction (a resource-release callback that runs once the
+ * transaction's locks are gone, so the woken waiter sees the commit and
+ * finds the lock free).  Waiters hold ShareLock on the key's tag in the
+ * waiter space, which nobody ever takes in a conflicting mode; a waker
+ * asks the lock manager who holds it.  A waiter registers before it first
+ * looks, so no wake-up can slip between its look and its sleep.
+ * Spurious wake-ups are harmless: a waiter looks again and sleeps again.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "storage/sinvaladt.h"
-#include "utils/lsyscache.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
 
 #include "dlock.h"
 
 /* Lock spaces (locktag_field4); 1 and 2 belong to pg_advisory_lock(). */
-#define DLOCK_SPACE_KEY			0x444c	/* grants, writes, renew/release */
+#define DLOCK_SPACE_KEY			0x444c	/* the key lock */
 #define DLOCK_SPACE_OWNER_OPS	0x444d	/* renew/release among themselves */
 #define DLOCK_SPACE_WAITERS		0x444e	/* sleeping acquirers */
 
-/* Fill *tag with the lock tag of key in lock space space. */
-static void
-key_locktag(LOCKTAG *tag, const char *key, int len, uint16 space)
-{
-	uint64		h = hash_bytes_extended((const unsigned char *) key, len, 0);
+/* Hashes of the keys this transaction has locked, to wake at its end. */
+static HTAB *touched = NULL;
+static LocalTransactionId touched_lxid = InvalidLocalTransactionId;
 
+/* The 64-bit hash that names key in every lock space. */
+static uint64
+key_hash(const char *key, int len)
+{
+	return hash_bytes_extended((const unsigned char *) key, len, 0);
+}
+
+/* Fill *tag with the lock tag of hash h in lock space space. */
+static void
+hash_locktag(LOCKTAG *tag, uint64 h, uint16 space)
+{
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32),
 						 (uint32) h, space);
 }
 
-/*
- * Raise the error for a NULL argument name of the SQL function called
- * through fcinfo: dlock never treats NULL as a value.
- */
-void
-dlock_null_argument(FunctionCallInfo fcinfo, const char *name)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-			 errmsg("%s must not be null", name),
-			 errdetail("%s() was called with a NULL %s.",
-					   get_func_name(fcinfo->flinfo->fn_oid), name),
-			 errhint("Pass a value: dlock functions return NULL only to report a refused grant or a lost lease.")));
-}
-
-/*
- * Raise an error unless key (len bytes, not NULL) is a valid lock key.
- */
-void
-dlock_check_key(const char *key, int len)
-{
-	if (len == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lock key must not be empty"),
-				 errdetail("The key given was an empty string."),
-				 errhint("Name the resource the lock protects, for example 'stock-sync:warehouse-42'.")));
-	if (len > DLOCK_MAX_KEY_BYTES)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lock key is too long"),
-				 errdetail("The key is %d bytes long; the limit is %d bytes.",
-						   len, DLOCK_MAX_KEY_BYTES),
-				 errhint("Use a shorter key, for example a hash of the resource name.")));
-}
-
-/*
- * Take the key lock in mode for the rest of the transaction.  With nowait,
- * return false instead of waiting when it is not free at once.
- */
-bool
-dlock_lock_key(const char *key, int len, LOCKMODE mode, bool nowait)
-{
-	LOCKTAG		tag;
-
-	key_locktag(&tag, key, len, DLOCK_SPACE_KEY);
-	return LockAcquire(&tag, mode, false, nowait) != LOCKACQUIRE_NOT_AVAIL;
-}
-
-/*
- * Give back one hold of the key lock in mode, taken by dlock_lock_key.
- * A lock this transaction took more than once stays held.
- */
-void
-dlock_unlock_key(const char *key, int len, LOCKMODE mode)
-{
-	LOCKTAG		tag;
-
-	key_locktag(&tag, key, len, DLOCK_SPACE_KEY);
-	LockRelease(&tag, mode, false);
-}
-
-/*
- * Serialize renew and release of one key among themselves, for the rest
- * of the transaction.  They take only RowShareLock on the key lock (so
- * that fenced writers do not block them); this second lock keeps two of
- * them from updating the same row at once, which would otherwise fail
- * with a serialization error at REPEATABLE READ.
- */
-void
-dlock_lock_owner_ops(const char *key, int len)
-{
-	LOCKTAG		tag;
-
-	key_locktag(&tag, key, len, DLOCK_SPACE_OWNER_OPS);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
-}
-
-/* Give back the lock taken by dlock_lock_owner_ops. */
-void
-dlock_unlock_owner_ops(const char *key, int len)
-{
-	LOCKTAG		tag;
-
-	key_locktag(&tag, key, len, DLOCK_SPACE_OWNER_OPS);
-	LockRelease(&tag, ExclusiveLock, false);
-}
-
-/*
- * Announce that this backend sleeps until key is released.  The lock
- * never blocks: nobody takes a conflicting mode on the waiter space.
- */
-void
-dlock_register_waiter(const char *key, int len)
-{
-	LOCKTAG		tag;
-
-	key_locktag(&tag, key, len, DLOCK_SPACE_WAITERS);
-	(void) LockAcquire(&tag, ShareLock, false, false);
-}
-
-/* Withdraw the announcement made by dlock_register_waiter. */
-void
-dlock_unregister_waiter(const char *key, int len)
-{
-	LOCKTAG		tag;
-
-	key_locktag(&tag, key, len, DLOCK_SPACE_WAITERS);
-	LockRelease(&tag, ShareLock, false);
-}
-
-/*
- * Wake every backend sleeping in acquire() on key.  Called by release and
- * renew (which may move the expiry earlier) while they hold the key lock:
- * a woken waiter then reads the lease state only once that change has
- * committed or aborted.
- */
-void
-dlock_wake_waiters(const char *key, int len)
+/* Set the latch of every backend waiting for the key of hash h. */
+static void
+wake_hash(uint64 h)
 {
 	LOCKTAG		tag;
 	VirtualTransactionId *vxids;
 	int			nwaiters;
 
-	key_locktag(&tag, key, len, DLOCK_SPACE_WAITERS);
+	hash_locktag(&tag, h, DLOCK_SPACE_WAITERS);
 	vxids = GetLockConflicts(&tag, ExclusiveLock, &nwaiters);
 	for (; VirtualTransactionIdIsValid(*vxids); vxids++)
 	{
@@ -180,4 +117,205 @@ dlock_wake_waiters(const char *key, int len)
 		if (proc != NULL)
 			SetLatch(&proc->procLatch);
 	}
+}
+
+/*
+ * Remember that this transaction locked the key of hash h, so that its end
+ * wakes the key's waiters.
+ */
+static void
+remember(uint64 h)
+{
+	if (touched_lxid != MyProc->lxid)
+	{
+		/* a previous transaction's table went away with its memory */
+		touched = NULL;
+		touched_lxid = MyProc->lxid;
+	}
+	if (touched == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(uint64);
+		ctl.entrysize = sizeof(uint64);
+		ctl.hcxt = TopTransactionContext;
+		touched = hash_create("dlock locked keys", 16, &ctl,
+							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	(void) hash_search(touched, &h, HASH_ENTER, NULL);
+}
+
+/*
+ * Once a transaction's locks are released (top level), or a subtransaction
+ * abort has released those taken inside it, wake the waiters of every key
+ * the transaction locked.
+ */
+static void
+keylock_release_callback(ResourceReleasePhase phase, bool isCommit,
+						 bool isTopLevel, void *arg)
+{
+	HASH_SEQ_STATUS status;
+	uint64	   *h;
+
+	/*
+	 * (No check of MyProc->lxid here: the top-level transaction has already
+	 * cleared it.  touched is reset at the end of every transaction.)
+	 */
+	if (phase != RESOURCE_RELEASE_AFTER_LOCKS || (!isTopLevel && isCommit))
+		return;
+	if (touched == NULL)
+		return;
+	hash_seq_init(&status, touched);
+	while ((h = hash_seq_search(&status)) != NULL)
+		wake_hash(*h);
+	if (isTopLevel)
+		touched = NULL;			/* its memory goes with the transaction */
+}
+
+/*
+ * Refuse PREPARE TRANSACTION when the transaction holds key locks: their
+ * release by COMMIT PREPARED would wake nobody.
+ */
+static void
+keylock_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_PRE_PREPARE && touched != NULL &&
+		touched_lxid == MyProc->lxid && hash_get_num_entries(touched) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot PREPARE a transaction that has used dlock"),
+				 errdetail("The transaction holds key locks of dlock leases or fenced writes."),
+				 errhint("Grant, renew, release and write under leases in transactions that commit directly.")));
+}
+
+/* Set up wake-ups; called once from _PG_init. */
+void
+dlock_keylock_init(void)
+{
+	RegisterResourceReleaseCallback(keylock_release_callback, NULL);
+	RegisterXactCallback(keylock_xact_callback, NULL);
+}
+
+/* Take the lock on key in space and mode (waiting unless nowait). */
+static bool
+take(const char *key, int len, uint16 space, LOCKMODE mode, bool nowait)
+{
+	LOCKTAG		tag;
+	uint64		h = key_hash(key, len);
+
+	hash_locktag(&tag, h, space);
+	if (LockAcquire(&tag, mode, false, nowait) == LOCKACQUIRE_NOT_AVAIL)
+		return false;
+	remember(h);
+	return true;
+}
+
+/* Give back one hold of the lock on key in space and mode. */
+static void
+give_back(const char *key, int len, uint16 space, LOCKMODE mode)
+{
+	LOCKTAG		tag;
+
+	hash_locktag(&tag, key_hash(key, len), space);
+	LockRelease(&tag, mode, false);
+}
+
+/*
+ * Take key's lock for a grant, if it is free at once; never wait (rule 1
+ * above).  On success it is held until the end of the transaction, unless
+ * given back with dlock_unlock_grant.
+ */
+bool
+dlock_lock_for_grant(const char *key, int len)
+{
+	return take(key, len, DLOCK_SPACE_KEY, ExclusiveLock, true);
+}
+
+/* Give back the lock of a grant that did not happen, and wake waiters. */
+void
+dlock_unlock_grant(const char *key, int len)
+{
+	give_back(key, len, DLOCK_SPACE_KEY, ExclusiveLock);
+	wake_hash(key_hash(key, len));
+}
+
+/*
+ * Take key's lock for a write under its lease, waiting for a grant or an
+ * ending in progress.  Held until the end of the transaction (or of the
+ * subtransaction, if that aborts).
+ */
+void
+dlock_lock_for_write(const char *key, int len)
+{
+	(void) take(key, len, DLOCK_SPACE_KEY, ShareLock, false);
+}
+
+/* Give back one write lock (check_fence keeps none), and wake waiters. */
+void
+dlock_unlock_write(const char *key, int len)
+{
+	give_back(key, len, DLOCK_SPACE_KEY, ShareLock);
+	wake_hash(key_hash(key, len));
+}
+
+/*
+ * Take key's locks for renew or release: the key lock in a mode that
+ * excludes only grants, and the owner-op lock.  The caller then checks the
+ * owner, and takes dlock_lock_for_ending before it ends or shortens the
+ * lease.
+ */
+void
+dlock_lock_for_owner_op(const char *key, int len)
+{
+	(void) take(key, len, DLOCK_SPACE_KEY, RowShareLock, false);
+	(void) take(key, len, DLOCK_SPACE_OWNER_OPS, ExclusiveLock, false);
+}
+
+/*
+ * Take key's lock for ending its lease or moving its expiry earlier:
+ * waits for the transactions writing under the lease to end.  Only after
+ * dlock_lock_for_owner_op and the owner check.
+ */
+void
+dlock_lock_for_ending(const char *key, int len)
+{
+	(void) take(key, len, DLOCK_SPACE_KEY, RowExclusiveLock, false);
+}
+
+/*
+ * Give back the locks of an owner op that changed nothing (with ending, if
+ * dlock_lock_for_ending was taken too), and wake waiters: a caller without
+ * the owner must not hold the key up by leaving its transaction open.
+ */
+void
+dlock_unlock_owner_op(const char *key, int len, bool ending)
+{
+	if (ending)
+		give_back(key, len, DLOCK_SPACE_KEY, RowExclusiveLock);
+	give_back(key, len, DLOCK_SPACE_OWNER_OPS, ExclusiveLock);
+	give_back(key, len, DLOCK_SPACE_KEY, RowShareLock);
+	wake_hash(key_hash(key, len));
+}
+
+/*
+ * Announce that this backend sleeps until key changes.  Never blocks:
+ * nobody takes a conflicting mode in the waiter space.
+ */
+void
+dlock_wait_register(const char *key, int len)
+{
+	LOCKTAG		tag;
+
+	hash_locktag(&tag, key_hash(key, len), DLOCK_SPACE_WAITERS);
+	(void) LockAcquire(&tag, ShareLock, false, false);
+}
+
+/* Withdraw the announcement made by dlock_wait_register. */
+void
+dlock_wait_unregister(const char *key, int len)
+{
+	LOCKTAG		tag;
+
+	hash_locktag(&tag, key_hash(key, len), DLOCK_SPACE_WAITERS);
+	LockRelease(&tag, ShareLock, false);
 }

@@ -1,0 +1,218 @@
+/*-------------------------------------------------------------------------
+ *
+ * args.c
+ *		Checking the arguments of dlock's SQL functions.
+ *
+ * Every argument error is raised here, before any lock is taken or any row
+ * read, so a bad call changes nothing.  Durations (ttl, wait, older_than)
+ * are lengths of time, not calendar arithmetic: a day is 24 hours and a
+ * month 30 days in every time zone, as interval comparison counts them, so
+ * '1 day' means the same on the eve of a daylight saving change.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "common/int128.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/timestamp.h"
+
+#include "dlock.h"
+
+/*
+ * Refuse to run in parallel mode.  dlock's functions are PARALLEL UNSAFE,
+ * but a wrapper wrongly marked PARALLEL SAFE or RESTRICTED can still reach
+ * them there, where they can neither take a fresh snapshot nor write.
+ */
+void
+dlock_no_parallel(FunctionCallInfo fcinfo)
+{
+	if (IsInParallelMode())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
+				 errmsg("cannot call %s() during a parallel operation",
+						get_func_name(fcinfo->flinfo->fn_oid)),
+				 errhint("A function that calls it must be marked PARALLEL UNSAFE.")));
+}
+
+/*
+ * Raise the error for a NULL argument name of the SQL function called
+ * through fcinfo: dlock never treats NULL as a value.
+ */
+void
+dlock_null_argument(FunctionCallInfo fcinfo, const char *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			 errmsg("%s must not be null", name),
+			 errdetail("%s() was called with a NULL %s.",
+					   get_func_name(fcinfo->flinfo->fn_oid), name),
+			 errhint("Pass a value: dlock functions return NULL only to report a lost lease.")));
+}
+
+/* Raise an error unless key (len bytes) is a valid lock key. */
+void
+dlock_check_key(const char *key, int len)
+{
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock key must not be empty"),
+				 errdetail("The key given was an empty string."),
+				 errhint("Name the resource the lock protects, for example 'stock-sync:warehouse-42'.")));
+	if (len > DLOCK_MAX_KEY_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock key is too long"),
+				 errdetail("The key is %d bytes long; the limit is %d bytes.",
+						   len, DLOCK_MAX_KEY_BYTES),
+				 errhint("Use a shorter key, for example a hash of the resource name.")));
+}
+
+/* Return argument argno, a key, after checking it. */
+text *
+dlock_key_arg(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *key;
+
+	if (PG_ARGISNULL(argno))
+		dlock_null_argument(fcinfo, "key");
+	key = PG_GETARG_TEXT_PP(argno);
+	dlock_check_key(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+	return key;
+}
+
+/* Argument argno, an interval, as text for a message. */
+char *
+dlock_interval_text(FunctionCallInfo fcinfo, int argno)
+{
+	return DatumGetCString(DirectFunctionCall1(interval_out,
+											   PG_GETARG_DATUM(argno)));
+}
+
+/*
+ * The length of span in microseconds, clamped to +-DLOCK_HUGE_USECS.
+ * Computed exactly in 128 bits, so mixed signs (-100000000 days plus
+ * 8640000000001 seconds is one second) neither overflow nor slip past the
+ * limits.
+ */
+static int64
+span_usecs(const Interval *span)
+{
+	INT128		sum = int64_to_int128(span->time);
+
+	int128_add_int64_mul_int64(&sum, span->day, USECS_PER_DAY);
+	int128_add_int64_mul_int64(&sum, span->month,
+							   (int64) DAYS_PER_MONTH * USECS_PER_DAY);
+	if (int128_compare(sum, int64_to_int128(DLOCK_HUGE_USECS)) > 0)
+		return DLOCK_HUGE_USECS;
+	if (int128_compare(sum, int64_to_int128(-DLOCK_HUGE_USECS)) < 0)
+		return -DLOCK_HUGE_USECS;
+	return int128_to_int64(sum);
+}
+
+/*
+ * Return argument argno, a ttl, in microseconds, after checking that it is
+ * positive and within dlock.max_ttl.
+ */
+int64
+dlock_ttl_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int64		usecs;
+
+	if (PG_ARGISNULL(argno))
+		dlock_null_argument(fcinfo, "ttl");
+	usecs = span_usecs(PG_GETARG_INTERVAL_P(argno));
+	if (usecs <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be positive"),
+				 errdetail("The ttl given was %s.",
+						   dlock_interval_text(fcinfo, argno)),
+				 errhint("Pass how long the lease should last, for example '30 seconds'.")));
+	if (usecs > (int64) dlock_max_ttl_ms * 1000)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl exceeds dlock.max_ttl"),
+				 errdetail("The ttl given was %s; dlock.max_ttl is %d ms.",
+						   dlock_interval_text(fcinfo, argno),
+						   dlock_max_ttl_ms),
+				 errhint("Use a shorter ttl and renew the lease while you work, or ask an administrator to raise dlock.max_ttl.")));
+	return usecs;
+}
+
+/*
+ * Read argument argno, a wait: return false for no limit of its own (NULL,
+ * or decades), else true with the wait in *usecs.
+ */
+bool
+dlock_wait_arg(FunctionCallInfo fcinfo, int argno, int64 *usecs)
+{
+	if (PG_ARGISNULL(argno))
+		return false;
+	*usecs = span_usecs(PG_GETARG_INTERVAL_P(argno));
+	if (*usecs < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("wait must not be negative"),
+				 errdetail("The wait given was %s.",
+						   dlock_interval_text(fcinfo, argno)),
+				 errhint("Pass how long to wait, '0' to try once, or NULL to wait without a limit of its own.")));
+	return *usecs < DLOCK_HUGE_USECS;
+}
+
+/* Return argument argno, prune's older_than, in microseconds. */
+int64
+dlock_age_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int64		usecs;
+
+	if (PG_ARGISNULL(argno))
+		dlock_null_argument(fcinfo, "older_than");
+	usecs = span_usecs(PG_GETARG_INTERVAL_P(argno));
+	if (usecs < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("older_than must not be negative"),
+				 errdetail("The age given was %s.",
+						   dlock_interval_text(fcinfo, argno)),
+				 errhint("Pass how long a key must have been free, for example '1 day'.")));
+	return usecs;
+}
+
+/* Return argument argno, an owner. */
+pg_uuid_t *
+dlock_owner_arg(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		dlock_null_argument(fcinfo, "owner");
+	return PG_GETARG_UUID_P(argno);
+}
+
+/*
+ * Return the holder label of argument argno: the argument, or
+ * application_name when it is NULL; NULL when both are empty.
+ */
+text *
+dlock_holder_arg(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *holder = NULL;
+
+	if (!PG_ARGISNULL(argno))
+		holder = PG_GETARG_TEXT_PP(argno);
+	else if (application_name != NULL && application_name[0] != '\0')
+		holder = cstring_to_text(application_name);
+	if (holder != NULL && VARSIZE_ANY_EXHDR(holder) > DLOCK_MAX_HOLDER_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("holder label is too long"),
+				 errdetail("The label is %d bytes long; the limit is %d bytes.",
+						   (int) VARSIZE_ANY_EXHDR(holder),
+						   DLOCK_MAX_HOLDER_BYTES),
+				 errhint("Keep it short: it is a label for people reading dlock.leases.")));
+	return holder;
+}

@@ -1,0 +1,774 @@
+/*-------------------------------------------------------------------------
+ *
+ * storage.c
+ *		The lease table dlock.leases and the token sequence dlock.fence_seq:
+ *		finding them, reading, writing, durability, and what the current
+ *		transaction has verified.
+ *
+ * Finding.  The table and the sequence are found through the extension's
+ * own membership (pg_depend rows of deptype 'e'), never by name: a schema
+ * name can be squatted or renamed.  The OIDs are cached for the backend and
+ * forgotten by a relcache callback (DROP EXTENSION, or anything else that
+ * invalidates them) or a namespace syscache callback (a schema changing
+ * owner).  Each lookup also checks that the extension's schema belongs to
+ * the extension's owner (or a superuser): whoever owns the schema can
+ * rename or replace what is in it.
+ *
+ * Reading.  Always with a fresh snapshot (GetLatestSnapshot), never the
+ * caller's transaction snapshot, by a direct lookup in the primary key
+ * index: a REPEATABLE READ caller whose snapshot predates a grant must
+ * still see that grant.  The caller holds whichever key lock makes the
+ * answer stable (keylock.c).
+ *
+ * Writing.  Directly with heap_* calls and index inserts, no SQL, no
+ * executor: no trigger, rule, policy or operator chosen by anyone can run
+ * in between, and a name in a query text can never resolve to somebody
+ * else's table.  The writes run as the table's owner with
+ * SECURITY_RESTRICTED_OPERATION and a fresh GUC nest level, as
+ * REFRESH MATERIALIZED VIEW does, although nothing below runs user code.
+ * The caller holds the key lock that serializes changes to the key, so a
+ * row read with a fresh snapshot is the latest version.
+ *
+ * Durability.  A grant or renewal forces its transaction's commit to be
+ * synchronous, so a lease that was returned survives a crash.  A token is
+ * made durable before it is returned, committed or not.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relation.h"
+#include "access/skey.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/dependency.h"
+#include "catalog/index.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_depend.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_namespace.h"
+#include "commands/extension.h"
+#include "commands/sequence.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "replication/syncrep.h"
+#include "replication/walsender.h"
+#include "storage/proc.h"
+#include "storage/bufmgr.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "dlock.h"
+
+/* Columns of dlock.leases, in the order of the install script. */
+#define Natts_leases			6
+#define Anum_leases_key			1
+#define Anum_leases_fence		2
+#define Anum_leases_owner		3
+#define Anum_leases_expires_at	4
+#define Anum_leases_holder		5
+#define Anum_leases_granted_at	6
+
+/* The extension's storage, as found through pg_depend. */
+typedef struct StorageIds
+{
+	bool		valid;
+	Oid			leases;			/* dlock.leases */
+	Oid			seq;			/* dlock.fence_seq */
+	Oid			owner;			/* owner of dlock.leases */
+} StorageIds;
+
+static StorageIds ids;
+
+/* What section_begin saves for section_end. */
+typedef struct Section
+{
+	Oid			userid;
+	int			sec_context;
+	int			nestlevel;
+} Section;
+
+/* The per-transaction view of verified keys (see DlockKeyState). */
+static HTAB *key_states = NULL;
+static LocalTransactionId key_states_lxid = InvalidLocalTransactionId;
+
+/* Forget the cached OIDs when one of our relations is invalidated. */
+static void
+storage_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == ids.leases || relid == ids.seq)
+		ids.valid = false;
+}
+
+/* Forget them too when any schema changes (its owner, say). */
+static void
+storage_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	ids.valid = false;
+}
+
+/*
+ * Raise an error unless the schema nspid is owned by trusted (or, when
+ * superuser_ok, by a superuser).  Whoever owns the schema can rename it,
+ * drop dlock's objects in it and put look-alikes in their place.
+ */
+static void
+check_schema_owner(Oid nspid, Oid trusted, bool superuser_ok)
+{
+	HeapTuple	tup;
+	Oid			nspowner;
+	char	   *nspname;
+
+	tup = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(nspid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for schema %u", nspid);
+	nspowner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
+	nspname = pstrdup(NameStr(((Form_pg_namespace) GETSTRUCT(tup))->nspname));
+	ReleaseSysCache(tup);
+
+	if (nspowner == trusted || (superuser_ok && superuser_arg(nspowner)))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("schema \"%s\" of extension dlock is owned by role \"%s\"",
+					nspname, GetUserNameFromId(nspowner, false)),
+			 errdetail("The owner of the schema can rename it and replace dlock's lease table, so dlock refuses to work in it; only role \"%s\"%s may own it.",
+					   GetUserNameFromId(trusted, false),
+					   superuser_ok ? " or a superuser" : ""),
+			 errhint("Drop the extension and the schema, and create the extension again as a superuser so that it creates the schema itself; or, if you trust that role, ALTER SCHEMA %s OWNER TO the extension's owner.",
+					 quote_identifier(nspname))));
+}
+
+/*
+ * Called by the install and upgrade scripts (through dlock.c) with the
+ * schema they install into: refuse a schema the installing role does not
+ * own.  CREATE EXTENSION uses an existing schema named in the control file
+ * as it is, whoever created it.
+ */
+void
+dlock_install_check_schema(Oid nspid)
+{
+	check_schema_owner(nspid, GetUserId(), false);
+}
+
+/* Fill ids: the extension's table and sequence, found through pg_depend. */
+static void
+find_storage(void)
+{
+	Oid			ext = get_extension_oid("dlock", true);
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData skey[2];
+	HeapTuple	tup;
+	Oid			extowner = InvalidOid;
+	Oid			extnsp = InvalidOid;
+	StorageIds	found = {0};
+
+	if (!OidIsValid(ext))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension dlock is not installed in this database"),
+				 errhint("Run CREATE EXTENSION dlock.")));
+
+	/* the extension's owner and schema */
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&skey[0], Anum_pg_extension_oid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(ext));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, skey);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		extowner = ((Form_pg_extension) GETSTRUCT(tup))->extowner;
+		extnsp = ((Form_pg_extension) GETSTRUCT(tup))->extnamespace;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	if (!OidIsValid(extowner))
+		elog(ERROR, "extension dlock (%u) vanished", ext);
+	check_schema_owner(extnsp, extowner, true);
+
+	/* its member relations */
+	rel = table_open(DependRelationId, AccessShareLock);
+	ScanKeyInit(&skey[0], Anum_pg_depend_refclassid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(ExtensionRelationId));
+	ScanKeyInit(&skey[1], Anum_pg_depend_refobjid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(ext));
+	scan = systable_beginscan(rel, DependReferenceIndexId, true, NULL, 2, skey);
+	while (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		Form_pg_depend dep = (Form_pg_depend) GETSTRUCT(tup);
+		char	   *relname;
+		char		relkind;
+
+		if (dep->classid != RelationRelationId ||
+			dep->deptype != DEPENDENCY_EXTENSION || dep->objsubid != 0)
+			continue;
+		relname = get_rel_name(dep->objid);
+		relkind = get_rel_relkind(dep->objid);
+		if (relname == NULL)
+			continue;
+		if (relkind == RELKIND_RELATION && strcmp(relname, "leases") == 0)
+			found.leases = dep->objid;
+		else if (relkind == RELKIND_SEQUENCE && strcmp(relname, "fence_seq") == 0)
+			found.seq = dep->objid;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	if (!OidIsValid(found.leases) || !OidIsValid(found.seq))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension dlock is missing its lease table or its token sequence"),
+				 errhint("Reinstall the extension with DROP EXTENSION dlock; CREATE EXTENSION dlock.")));
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(found.leases));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", found.leases);
+	found.owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	found.valid = true;
+	ids = found;
+}
+
+/* Make ids valid, looking the storage up again after an invalidation. */
+static void
+storage_ids(void)
+{
+	/* process pending invalidations, so that a stale cache is noticed */
+	AcceptInvalidationMessages();
+	if (!ids.valid)
+		find_storage();
+}
+
+/* Set up the caches' invalidation; called once from _PG_init. */
+static void storage_subxact_callback(SubXactEvent event,
+									 SubTransactionId mySubid,
+									 SubTransactionId parentSubid,
+									 void *arg);
+
+void
+dlock_storage_init(void)
+{
+	CacheRegisterRelcacheCallback(storage_relcache_callback, (Datum) 0);
+	CacheRegisterSyscacheCallback(NAMESPACEOID, storage_syscache_callback,
+								  (Datum) 0);
+	RegisterSubXactCallback(storage_subxact_callback, NULL);
+}
+
+/*
+ * Become the owner of the storage, in a security-restricted operation with
+ * a fresh GUC nest level, until section_end.  An error in between undoes
+ * both at (sub)transaction abort.
+ */
+static void
+section_begin(Section *s)
+{
+	GetUserIdAndSecContext(&s->userid, &s->sec_context);
+	SetUserIdAndSecContext(ids.owner,
+						   s->sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	s->nestlevel = NewGUCNestLevel();
+}
+
+/* Undo section_begin. */
+static void
+section_end(Section *s)
+{
+	AtEOXact_GUC(false, s->nestlevel);
+	SetUserIdAndSecContext(s->userid, s->sec_context);
+}
+
+/*
+ * Return a copy of the row of key in rel (opened by the caller), read with
+ * a fresh snapshot, or NULL when the key has no row.
+ */
+static HeapTuple
+fetch_row(Relation rel, const char *key, int len)
+{
+	Snapshot	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	ScanKeyData skey;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	text	   *keytext = cstring_to_text_with_len(key, len);
+
+	ScanKeyEntryInitialize(&skey, 0, Anum_leases_key, BTEqualStrategyNumber,
+						   InvalidOid,
+						   TupleDescAttr(RelationGetDescr(rel), Anum_leases_key - 1)->attcollation,
+						   F_TEXTEQ, PointerGetDatum(keytext));
+	scan = systable_beginscan(rel, RelationGetPrimaryKeyIndex(rel), true,
+							  snapshot, 1, &skey);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+		tup = heap_copytuple(tup);
+	systable_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	return tup;
+}
+
+/* Fill *lease from tup, a row of rel (NULL: the key has no row). */
+static void
+row_to_lease(Relation rel, HeapTuple tup, DlockLease *lease)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	bool		isnull;
+	Datum		d;
+
+	memset(lease, 0, sizeof(DlockLease));
+	if (tup == NULL)
+		return;
+	lease->found = true;
+	d = heap_getattr(tup, Anum_leases_owner, desc, &isnull);
+	lease->held = !isnull;
+	if (!isnull)
+		memcpy(&lease->owner, DatumGetUUIDP(d), sizeof(pg_uuid_t));
+	lease->fence = DatumGetInt64(heap_getattr(tup, Anum_leases_fence,
+											  desc, &isnull));
+	lease->expires_at = DatumGetTimestampTz(heap_getattr(tup, Anum_leases_expires_at,
+														 desc, &isnull));
+}
+
+/*
+ * Read the current state of key into *lease, with a fresh snapshot.  No
+ * lock of any key is needed or taken; the caller decides which one makes
+ * the answer stable.
+ */
+void
+dlock_read_lease(const char *key, int len, DlockLease *lease)
+{
+	Relation	rel;
+	HeapTuple	tup;
+
+	storage_ids();
+	rel = table_open(ids.leases, AccessShareLock);
+	tup = fetch_row(rel, key, len);
+	row_to_lease(rel, tup, lease);
+	if (tup)
+		heap_freetuple(tup);
+	table_close(rel, AccessShareLock);
+}
+
+/*
+ * Insert the index entries of tup, just written to rel (not needed after
+ * a HOT update).  dlock.leases has only its primary key; expression and
+ * partial indexes, which would need an executor, are refused.
+ */
+static void
+insert_index_entries(Relation rel, HeapTuple tup)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	TupleTableSlot *slot;
+	ListCell   *lc;
+
+	slot = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(tup, slot, false);
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
+		IndexInfo  *info = BuildIndexInfo(index);
+		Datum		values[INDEX_MAX_KEYS];
+		bool		isnull[INDEX_MAX_KEYS];
+
+		if (info->ii_Expressions != NIL || info->ii_Predicate != NIL)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("index \"%s\" on dlock.leases is not supported",
+							RelationGetRelationName(index)),
+					 errhint("Drop it: dlock.leases needs only its primary key.")));
+		FormIndexDatum(info, slot, NULL, values, isnull);
+		(void) index_insert(index, values, isnull, &tup->t_self, rel,
+							index->rd_index->indisunique ?
+							UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
+							false, info);
+		index_close(index, NoLock);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	list_free(indexes);
+}
+
+/* Refuse to change a lease in a read-only transaction (or a standby). */
+static void
+check_writable(void)
+{
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot change a dlock lease in a read-only transaction"),
+				 errhint("Leases are granted, renewed and released on the primary, in read-write transactions.")));
+}
+
+/*
+ * Make sure this transaction commits synchronously: a grant or renewal
+ * must survive a crash once the caller has seen it.  Set for the
+ * transaction only, like SET LOCAL; the session's setting comes back
+ * afterwards.
+ */
+static void
+force_synchronous_commit(void)
+{
+	/* the local flush, even if a function's SET clause reverts the setting */
+	ForceSyncCommit();
+	/* ... and, through the setting, the wait for synchronous standbys */
+	if (synchronous_commit < SYNCHRONOUS_COMMIT_ON)
+		(void) set_config_option("synchronous_commit", "on",
+								 PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_LOCAL, true, 0, false);
+}
+
+/*
+ * Make the fencing token just drawn safe to show, before the caller can
+ * see it: after a crash or a failover the sequence must not hand the same
+ * number out again, even if this transaction never commits (a rollback, a
+ * crash before commit, a client that used the token before its commit).
+ *
+ * A sequence logs ahead (one WAL record every 32 values), so the record
+ * covering our token is at or before the LSN of the sequence's page.  That
+ * is usually flushed already and this costs a buffer read; otherwise we
+ * flush it and, with synchronous standbys, wait for them to have it.
+ * Call with synchronous_commit already raised (force_synchronous_commit).
+ */
+static void
+secure_drawn_fence(void)
+{
+	Relation	seq = relation_open(ids.seq, AccessShareLock);
+	Buffer		buf = ReadBuffer(seq, 0);
+	XLogRecPtr	lsn;
+	bool		interrupted;
+
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	lsn = PageGetLSN(BufferGetPage(buf));
+	UnlockReleaseBuffer(buf);
+	relation_close(seq, AccessShareLock);
+
+	XLogFlush(lsn);				/* returns at once when already flushed */
+	if (!SyncRepRequested())
+		return;
+
+	/*
+	 * SyncRepWaitForLSN expects interrupts held, as at commit: it watches
+	 * for cancel and termination itself, and then ends the wait early with
+	 * only a warning.  Anything that interrupted it is still pending
+	 * afterwards (we processed everything pending before), so that is how
+	 * we tell a confirmed token from an unconfirmed one.
+	 */
+	CHECK_FOR_INTERRUPTS();
+	HOLD_INTERRUPTS();
+	SyncRepWaitForLSN(lsn, false);
+	interrupted = InterruptPending || QueryCancelPending || ProcDiePending;
+	RESUME_INTERRUPTS();
+	if (interrupted)
+		ereport(ERROR,
+				(errcode(ERRCODE_QUERY_CANCELED),
+				 errmsg("fencing token not confirmed by the synchronous standbys"),
+				 errdetail("The wait for synchronous replication was interrupted before the standbys confirmed the token's WAL; the grant is rolled back and the token is never used."),
+				 errhint("Try again; check that the synchronous standbys are connected.")));
+}
+
+/* Fill *owner with a version 4 UUID from the strong random source. */
+static void
+new_owner(pg_uuid_t *owner)
+{
+	if (!pg_strong_random(owner->data, UUID_LEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("could not generate a random owner token")));
+	owner->data[6] = (owner->data[6] & 0x0f) | 0x40;	/* version 4 */
+	owner->data[8] = (owner->data[8] & 0x3f) | 0x80;	/* RFC 4122 variant */
+}
+
+/* Forget what this transaction verified about key: it changed the lease. */
+static void
+forget_verified(const char *key, int len)
+{
+	DlockKeyState *st;
+	char	   *k;
+
+	if (key_states == NULL || key_states_lxid != MyProc->lxid)
+		return;
+	k = pnstrdup(key, len);
+	st = dlock_key_state(k, false);
+	if (st)
+		st->verified = false;
+	pfree(k);
+}
+
+/*
+ * Grant key for [now, end) to a new owner, drawing a new token; fill
+ * *lease with the new lease.  The caller holds the key's grant lock and
+ * has seen no live lease under it.  The token is durable before this
+ * returns, and the transaction will commit synchronously.
+ */
+void
+dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
+					text *holder, DlockLease *lease)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	Section		s;
+	Relation	rel;
+	TupleDesc	desc;
+	HeapTuple	old;
+	HeapTuple	tup;
+	Datum		values[Natts_leases];
+	bool		nulls[Natts_leases] = {0};
+	bool		replace[Natts_leases] = {0};
+	TM_Result	result;
+	TM_FailureData tmfd;
+	LockTupleMode lockmode;
+
+	check_writable();
+	storage_ids();
+	section_begin(&s);
+	rel = table_open(ids.leases, RowExclusiveLock);
+	desc = RelationGetDescr(rel);
+
+	memset(lease, 0, sizeof(DlockLease));
+	new_owner(&lease->owner);
+	lease->found = true;
+	lease->held = true;
+	lease->expires_at = end;
+	lease->fence = nextval_internal(ids.seq, false);
+
+	values[Anum_leases_key - 1] = PointerGetDatum(cstring_to_text_with_len(k, len));
+	values[Anum_leases_fence - 1] = Int64GetDatum(lease->fence);
+	values[Anum_leases_owner - 1] = UUIDPGetDatum(&lease->owner);
+	values[Anum_leases_expires_at - 1] = TimestampTzGetDatum(end);
+	values[Anum_leases_holder - 1] = PointerGetDatum(holder);
+	nulls[Anum_leases_holder - 1] = (holder == NULL);
+	values[Anum_leases_granted_at - 1] = TimestampTzGetDatum(now);
+
+	old = fetch_row(rel, k, len);
+	if (old != NULL)
+	{
+		DlockLease	current;
+
+		row_to_lease(rel, old, &current);
+		if (dlock_lease_is_live(&current, now))
+			elog(ERROR, "dlock: grant of a key with a live lease");
+
+		/*
+		 * Only non-indexed columns change: a HOT update when there is room.
+		 * prune() may be deleting the row (it holds the grant lock only
+		 * while it deletes, not until its commit): then heap_update waits
+		 * for it and we insert instead.
+		 */
+		replace[Anum_leases_fence - 1] = true;
+		replace[Anum_leases_owner - 1] = true;
+		replace[Anum_leases_expires_at - 1] = true;
+		replace[Anum_leases_holder - 1] = true;
+		replace[Anum_leases_granted_at - 1] = true;
+		tup = heap_modify_tuple(old, desc, values, nulls, replace);
+		result = heap_update(rel, &old->t_self, tup, GetCurrentCommandId(true),
+							 InvalidSnapshot, true, &tmfd, &lockmode);
+		if (result == TM_Ok)
+		{
+			if (!HeapTupleIsHeapOnly(tup))
+				insert_index_entries(rel, tup);
+		}
+		else if (result == TM_Deleted)
+			old = NULL;			/* prune() deleted it meanwhile: insert */
+		else
+			elog(ERROR, "dlock: unexpected result %d updating a lease row",
+				 (int) result);
+	}
+	if (old == NULL)
+	{
+		tup = heap_form_tuple(desc, values, nulls);
+		simple_heap_insert(rel, tup);
+		insert_index_entries(rel, tup);
+	}
+	CommandCounterIncrement();
+	table_close(rel, NoLock);
+	section_end(&s);
+
+	forget_verified(k, len);
+	force_synchronous_commit();
+	secure_drawn_fence();
+}
+
+/*
+ * Set the end of key's lease to end, keeping its owner (a renewal, whose
+ * commit will then be synchronous) or clearing it (a release, whose commit
+ * may be asynchronous: losing it in a crash only delays the key's
+ * availability until the lease expires).  The caller holds the key's owner
+ * op lock (and its ending lock, for a release or an earlier end) and has
+ * checked the owner.
+ */
+void
+dlock_storage_set_end(text *key, TimestampTz end, bool release)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	Section		s;
+	Relation	rel;
+	HeapTuple	old;
+	HeapTuple	tup;
+	Datum		values[Natts_leases] = {0};
+	bool		nulls[Natts_leases] = {0};
+	bool		replace[Natts_leases] = {0};
+
+	check_writable();
+	storage_ids();
+	section_begin(&s);
+	rel = table_open(ids.leases, RowExclusiveLock);
+	old = fetch_row(rel, k, len);
+	if (old == NULL)
+		elog(ERROR, "dlock: lease row of a held key vanished");
+	values[Anum_leases_expires_at - 1] = TimestampTzGetDatum(end);
+	replace[Anum_leases_expires_at - 1] = true;
+	if (release)
+	{
+		nulls[Anum_leases_owner - 1] = true;
+		replace[Anum_leases_owner - 1] = true;
+	}
+	tup = heap_modify_tuple(old, RelationGetDescr(rel), values, nulls, replace);
+	simple_heap_update(rel, &old->t_self, tup);
+	if (!HeapTupleIsHeapOnly(tup))
+		insert_index_entries(rel, tup);
+	CommandCounterIncrement();
+	table_close(rel, NoLock);
+	section_end(&s);
+
+	forget_verified(k, len);
+	if (!release)
+		force_synchronous_commit();
+}
+
+/*
+ * Return the keys (a List of text) whose lease was released or expired
+ * before cutoff, as of a fresh snapshot.
+ */
+List *
+dlock_storage_old_keys(TimestampTz cutoff)
+{
+	Relation	rel;
+	TupleDesc	desc;
+	Snapshot	snapshot;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	List	   *keys = NIL;
+
+	storage_ids();
+	rel = table_open(ids.leases, AccessShareLock);
+	desc = RelationGetDescr(rel);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	scan = systable_beginscan(rel, InvalidOid, false, snapshot, 0, NULL);
+	while (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		bool		isnull;
+		TimestampTz end = DatumGetTimestampTz(heap_getattr(tup, Anum_leases_expires_at,
+														   desc, &isnull));
+
+		if (end < cutoff)
+			keys = lappend(keys, DatumGetTextPCopy(heap_getattr(tup, Anum_leases_key,
+																desc, &isnull)));
+	}
+	systable_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	table_close(rel, AccessShareLock);
+	return keys;
+}
+
+/*
+ * Delete the row of key if its lease was released or expired before
+ * cutoff; return whether it did.  The caller holds the key's grant lock.
+ */
+bool
+dlock_storage_delete_old(text *key, TimestampTz cutoff)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	Section		s;
+	Relation	rel;
+	HeapTuple	old;
+	DlockLease	lease;
+	bool		deleted = false;
+
+	check_writable();
+	storage_ids();
+	section_begin(&s);
+	rel = table_open(ids.leases, RowExclusiveLock);
+	old = fetch_row(rel, k, len);
+	row_to_lease(rel, old, &lease);
+	if (old != NULL && lease.expires_at < cutoff)
+	{
+		simple_heap_delete(rel, &old->t_self);
+		CommandCounterIncrement();
+		deleted = true;
+	}
+	table_close(rel, NoLock);
+	section_end(&s);
+	if (deleted)
+		forget_verified(k, len);
+	return deleted;
+}
+
+/*
+ * Return the state of key in the current transaction; create it (nothing
+ * known) when create is set, else return NULL when there is none.  The
+ * table lives in TopTransactionContext and is recognized as stale by the
+ * local transaction id when a new transaction starts.
+ */
+DlockKeyState *
+dlock_key_state(const char *key, bool create)
+{
+	bool		found;
+	DlockKeyState *st;
+
+	if (key_states_lxid != MyProc->lxid)
+	{
+		key_states = NULL;
+		key_states_lxid = MyProc->lxid;
+	}
+	if (key_states == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!create)
+			return NULL;
+		ctl.keysize = DLOCK_MAX_KEY_BYTES + 1;
+		ctl.entrysize = sizeof(DlockKeyState);
+		ctl.hcxt = TopTransactionContext;
+		key_states = hash_create("dlock fenced keys", 16, &ctl,
+								 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	st = hash_search(key_states, key, create ? HASH_ENTER : HASH_FIND, &found);
+	if (create && !found)
+	{
+		st->presented = false;
+		st->verified = false;
+		st->column_cid = InvalidCommandId;
+	}
+	return st;
+}
+
+/*
+ * A subtransaction abort releases the write locks taken inside it: forget
+ * every verified lease (they are looked up again, under a new lock).
+ */
+static void
+storage_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						 SubTransactionId parentSubid, void *arg)
+{
+	HASH_SEQ_STATUS status;
+	DlockKeyState *st;
+
+	if (event != SUBXACT_EVENT_ABORT_SUB || key_states == NULL ||
+		key_states_lxid != MyProc->lxid)
+		return;
+	hash_seq_init(&status, key_states);
+	while ((st = hash_seq_search(&status)) != NULL)
+		st->verified = false;
+}
