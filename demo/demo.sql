@@ -63,11 +63,11 @@ SELECT sku, qty, fence AS "written under token" FROM stock;
 
 \echo '--- 2. Worker B asks for the same lease ------------------------'
 \echo
-\echo 'A holds it, so B is refused: try_acquire returns NULL at once.'
+\echo 'A holds it, so B is refused: try_acquire returns no row at once.'
 \echo '(dlock.acquire would wait for it instead.)'
 \echo
-SELECT l IS NULL AS "B was refused"
-FROM dlock.try_acquire(:'job', '2 seconds', holder => 'worker B') AS l;
+SELECT count(*) = 0 AS "B was refused"
+FROM dlock.try_acquire(:'job', '2 seconds', holder => 'worker B');
 
 \echo 'Anyone can see who holds which key (but not the owner uuid):'
 \echo

@@ -66,7 +66,7 @@ sub check_restored
 			't',
 			"$where: the owner of $key can still renew it");
 		is( $n->safe_psql(
-				$db, "SELECT dlock.try_acquire('$key', '1 hour') IS NULL"),
+				$db, "SELECT NOT EXISTS (SELECT FROM dlock.try_acquire('$key', '1 hour'))"),
 			't',
 			"$where: nobody else can acquire $key");
 	}

@@ -67,7 +67,7 @@ is( $standby->safe_psql(
 	'20',
 	'every lease granted on the old primary is held on the promoted standby');
 is($standby->safe_psql('postgres',
-		"SELECT dlock.try_acquire('p1', '1 hour') IS NULL"),
+		"SELECT NOT EXISTS (SELECT FROM dlock.try_acquire('p1', '1 hour'))"),
 	't', 'nobody else can acquire a key held before the failover');
 
 my $new = $standby->safe_psql('postgres',
