@@ -100,11 +100,12 @@ extern void dlock_unlock_write(const char *key, int len);
 extern void dlock_lock_for_owner_op(const char *key, int len);
 extern void dlock_lock_for_ending(const char *key, int len);
 extern void dlock_unlock_owner_op(const char *key, int len, bool ending);
-extern void dlock_wait_register(const char *key, int len);
-extern void dlock_wait_unregister(const char *key, int len);
+extern void dlock_wait_register(const char *key, int len, bool busy);
+extern void dlock_wait_unregister(const char *key, int len, bool busy);
 
 /* storage.c */
 extern void dlock_storage_init(void);
+extern void dlock_check_writable(void);
 extern void dlock_read_lease(const char *key, int len, DlockLease *lease);
 extern void dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 								text *holder, DlockLease *lease);

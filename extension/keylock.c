@@ -54,9 +54,13 @@
  * transaction's locks are gone, so the woken waiter sees the commit and
  * finds the lock free).  Waiters hold ShareLock on the key's tag in the
  * waiter space, which nobody ever takes in a conflicting mode; a waker
- * asks the lock manager who holds it.  A waiter registers before it first
- * looks, so no wake-up can slip between its look and its sleep.
- * Spurious wake-ups are harmless: a waiter looks again and sleeps again.
+ * asks the lock manager who holds it.  There are two waiter spaces: one
+ * for acquirers waiting for a live lease to end (woken only by the end of
+ * a transaction that took a lease-changing lock: grant, owner op, ending),
+ * one for acquirers waiting for a busy key lock (woken whenever any key
+ * lock is given up, a writer's too).  A waiter registers before it looks,
+ * so no wake-up can slip between its look and its sleep.  Spurious
+ * wake-ups are harmless: a waiter looks again and sleeps again.
  *
  *-------------------------------------------------------------------------
  */
@@ -78,9 +82,16 @@
 /* Lock spaces (locktag_field4); 1 and 2 belong to pg_advisory_lock(). */
 #define DLOCK_SPACE_KEY			0x444c	/* the key lock */
 #define DLOCK_SPACE_OWNER_OPS	0x444d	/* renew/release among themselves */
-#define DLOCK_SPACE_WAITERS		0x444e	/* sleeping acquirers */
+#define DLOCK_SPACE_WAITERS		0x444e	/* acquirers waiting for a lease */
+#define DLOCK_SPACE_BUSY_WAITERS	0x444f	/* ... for a key lock */
 
-/* Hashes of the keys this transaction has locked, to wake at its end. */
+/* A key this transaction has locked, to wake its waiters at the end. */
+typedef struct Touched
+{
+	uint64		hash;			/* hash key */
+	bool		lease_change;	/* locked in a mode that changes leases */
+} Touched;
+
 static HTAB *touched = NULL;
 static LocalTransactionId touched_lxid = InvalidLocalTransactionId;
 
@@ -99,15 +110,15 @@ hash_locktag(LOCKTAG *tag, uint64 h, uint16 space)
 						 (uint32) h, space);
 }
 
-/* Set the latch of every backend waiting for the key of hash h. */
+/* Set the latch of every backend registered in space for hash h. */
 static void
-wake_hash(uint64 h)
+wake_space(uint64 h, uint16 space)
 {
 	LOCKTAG		tag;
 	VirtualTransactionId *vxids;
 	int			nwaiters;
 
-	hash_locktag(&tag, h, DLOCK_SPACE_WAITERS);
+	hash_locktag(&tag, h, space);
 	vxids = GetLockConflicts(&tag, ExclusiveLock, &nwaiters);
 	for (; VirtualTransactionIdIsValid(*vxids); vxids++)
 	{
@@ -120,12 +131,29 @@ wake_hash(uint64 h)
 }
 
 /*
+ * Wake the waiters of the key of hash h that wait for its lock to be
+ * free, and with lease_change also those waiting for its lease to end.
+ * (Writers commit often; the acquirers waiting for a live lease to end
+ * need not wake every time one of the holder's writers commits.)
+ */
+static void
+wake_hash(uint64 h, bool lease_change)
+{
+	wake_space(h, DLOCK_SPACE_BUSY_WAITERS);
+	if (lease_change)
+		wake_space(h, DLOCK_SPACE_WAITERS);
+}
+
+/*
  * Remember that this transaction locked the key of hash h, so that its end
  * wakes the key's waiters.
  */
 static void
-remember(uint64 h)
+remember(uint64 h, bool lease_change)
 {
+	Touched    *t;
+	bool		found;
+
 	if (touched_lxid != MyProc->lxid)
 	{
 		/* a previous transaction's table went away with its memory */
@@ -137,12 +165,15 @@ remember(uint64 h)
 		HASHCTL		ctl;
 
 		ctl.keysize = sizeof(uint64);
-		ctl.entrysize = sizeof(uint64);
+		ctl.entrysize = sizeof(Touched);
 		ctl.hcxt = TopTransactionContext;
 		touched = hash_create("dlock locked keys", 16, &ctl,
 							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
-	(void) hash_search(touched, &h, HASH_ENTER, NULL);
+	t = hash_search(touched, &h, HASH_ENTER, &found);
+	if (!found)
+		t->lease_change = false;
+	t->lease_change |= lease_change;
 }
 
 /*
@@ -155,7 +186,7 @@ keylock_release_callback(ResourceReleasePhase phase, bool isCommit,
 						 bool isTopLevel, void *arg)
 {
 	HASH_SEQ_STATUS status;
-	uint64	   *h;
+	Touched    *t;
 
 	/*
 	 * (No check of MyProc->lxid here: the top-level transaction has already
@@ -166,8 +197,8 @@ keylock_release_callback(ResourceReleasePhase phase, bool isCommit,
 	if (touched == NULL)
 		return;
 	hash_seq_init(&status, touched);
-	while ((h = hash_seq_search(&status)) != NULL)
-		wake_hash(*h);
+	while ((t = hash_seq_search(&status)) != NULL)
+		wake_hash(t->hash, t->lease_change);
 	if (isTopLevel)
 		touched = NULL;			/* its memory goes with the transaction */
 }
@@ -206,7 +237,8 @@ take(const char *key, int len, uint16 space, LOCKMODE mode, bool nowait)
 	hash_locktag(&tag, h, space);
 	if (LockAcquire(&tag, mode, false, nowait) == LOCKACQUIRE_NOT_AVAIL)
 		return false;
-	remember(h);
+	/* only writers' ShareLock never comes with a change of the lease */
+	remember(h, mode != ShareLock);
 	return true;
 }
 
@@ -236,7 +268,7 @@ void
 dlock_unlock_grant(const char *key, int len)
 {
 	give_back(key, len, DLOCK_SPACE_KEY, ExclusiveLock);
-	wake_hash(key_hash(key, len));
+	wake_hash(key_hash(key, len), false);
 }
 
 /*
@@ -255,7 +287,7 @@ void
 dlock_unlock_write(const char *key, int len)
 {
 	give_back(key, len, DLOCK_SPACE_KEY, ShareLock);
-	wake_hash(key_hash(key, len));
+	wake_hash(key_hash(key, len), false);
 }
 
 /*
@@ -294,28 +326,31 @@ dlock_unlock_owner_op(const char *key, int len, bool ending)
 		give_back(key, len, DLOCK_SPACE_KEY, RowExclusiveLock);
 	give_back(key, len, DLOCK_SPACE_OWNER_OPS, ExclusiveLock);
 	give_back(key, len, DLOCK_SPACE_KEY, RowShareLock);
-	wake_hash(key_hash(key, len));
+	wake_hash(key_hash(key, len), false);
 }
 
 /*
- * Announce that this backend sleeps until key changes.  Never blocks:
- * nobody takes a conflicting mode in the waiter space.
+ * Announce that this backend sleeps until key's lease changes (busy:
+ * until key's lock is given up).  Never blocks: nobody takes a conflicting
+ * mode in the waiter spaces.
  */
 void
-dlock_wait_register(const char *key, int len)
+dlock_wait_register(const char *key, int len, bool busy)
 {
 	LOCKTAG		tag;
 
-	hash_locktag(&tag, key_hash(key, len), DLOCK_SPACE_WAITERS);
+	hash_locktag(&tag, key_hash(key, len),
+				 busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
 	(void) LockAcquire(&tag, ShareLock, false, false);
 }
 
 /* Withdraw the announcement made by dlock_wait_register. */
 void
-dlock_wait_unregister(const char *key, int len)
+dlock_wait_unregister(const char *key, int len, bool busy)
 {
 	LOCKTAG		tag;
 
-	hash_locktag(&tag, key_hash(key, len), DLOCK_SPACE_WAITERS);
+	hash_locktag(&tag, key_hash(key, len),
+				 busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
 	LockRelease(&tag, ShareLock, false);
 }

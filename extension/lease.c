@@ -89,10 +89,11 @@ grant_waiting(text *key, int64 ttl, text *holder, bool wait_for_lease,
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
 	TimestampTz busy_since = 0;
+	bool		busy_registered = false;
 	GrantResult r;
 
 	/* register before the first look, so no wake-up can slip past us */
-	dlock_wait_register(k, len);
+	dlock_wait_register(k, len, false);
 	for (;;)
 	{
 		TimestampTz now;
@@ -104,6 +105,18 @@ grant_waiting(text *key, int64 ttl, text *holder, bool wait_for_lease,
 		r = attempt_grant(key, ttl, holder, lease);
 		if (r == GRANT_OK || (r == GRANT_HELD && !wait_for_lease))
 			break;
+		if (r == GRANT_BUSY && !busy_registered)
+		{
+			/* wait for the lock, too; look again before sleeping */
+			dlock_wait_register(k, len, true);
+			busy_registered = true;
+			continue;
+		}
+		if (r == GRANT_HELD && busy_registered)
+		{
+			dlock_wait_unregister(k, len, true);
+			busy_registered = false;
+		}
 		now = GetCurrentTimestamp();
 		if (bounded && now >= deadline)
 			break;
@@ -141,7 +154,9 @@ grant_waiting(text *key, int64 ttl, text *holder, bool wait_for_lease,
 		(void) WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}
-	dlock_wait_unregister(k, len);
+	if (busy_registered)
+		dlock_wait_unregister(k, len, true);
+	dlock_wait_unregister(k, len, false);
 	return r;
 }
 
@@ -198,6 +213,7 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 	DlockLease	lease;
 
 	dlock_no_parallel(fcinfo);
+	dlock_check_writable();
 	key = dlock_key_arg(fcinfo, 0);
 	ttl = dlock_ttl_arg(fcinfo, 1);
 	holder = dlock_holder_arg(fcinfo, 2);
@@ -224,6 +240,7 @@ dlock_acquire(PG_FUNCTION_ARGS)
 	GrantResult r;
 
 	dlock_no_parallel(fcinfo);
+	dlock_check_writable();
 	key = dlock_key_arg(fcinfo, 0);
 	ttl = dlock_ttl_arg(fcinfo, 1);
 	bounded = dlock_wait_arg(fcinfo, 2, &wait);
@@ -272,6 +289,7 @@ dlock_renew(PG_FUNCTION_ARGS)
 	bool		ending = false;
 
 	dlock_no_parallel(fcinfo);
+	dlock_check_writable();
 	key = dlock_key_arg(fcinfo, 0);
 	owner = dlock_owner_arg(fcinfo, 1);
 	ttl = dlock_ttl_arg(fcinfo, 2);
@@ -315,6 +333,7 @@ dlock_release(PG_FUNCTION_ARGS)
 	TimestampTz now;
 
 	dlock_no_parallel(fcinfo);
+	dlock_check_writable();
 	key = dlock_key_arg(fcinfo, 0);
 	owner = dlock_owner_arg(fcinfo, 1);
 	k = VARDATA_ANY(key);
@@ -358,6 +377,7 @@ dlock_prune(PG_FUNCTION_ARGS)
 	int64		deleted = 0;
 
 	dlock_no_parallel(fcinfo);
+	dlock_check_writable();
 	age = dlock_age_arg(fcinfo, 0);
 	if (age >= DLOCK_HUGE_USECS)
 		PG_RETURN_INT64(0);		/* no lease is that old */

@@ -398,9 +398,13 @@ insert_index_entries(Relation rel, HeapTuple tup)
 	list_free(indexes);
 }
 
-/* Refuse to change a lease in a read-only transaction (or a standby). */
-static void
-check_writable(void)
+/*
+ * Refuse to change a lease in a read-only transaction (or on a standby).
+ * The lease API calls this first, so that it fails the same way whether or
+ * not the key happens to be held.
+ */
+void
+dlock_check_writable(void)
 {
 	if (XactReadOnly)
 		ereport(ERROR,
@@ -528,7 +532,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 	TM_FailureData tmfd;
 	LockTupleMode lockmode;
 
-	check_writable();
+	dlock_check_writable();
 	storage_ids();
 	section_begin(&s);
 	rel = table_open(ids.leases, RowExclusiveLock);
@@ -619,7 +623,7 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 	bool		nulls[Natts_leases] = {0};
 	bool		replace[Natts_leases] = {0};
 
-	check_writable();
+	dlock_check_writable();
 	storage_ids();
 	section_begin(&s);
 	rel = table_open(ids.leases, RowExclusiveLock);
@@ -696,7 +700,7 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 	DlockLease	lease;
 	bool		deleted = false;
 
-	check_writable();
+	dlock_check_writable();
 	storage_ids();
 	section_begin(&s);
 	rel = table_open(ids.leases, RowExclusiveLock);
