@@ -106,28 +106,49 @@ typedef struct Section
 static HTAB *key_states = NULL;
 static LocalTransactionId key_states_lxid = InvalidLocalTransactionId;
 
-/* Forget the cached OIDs when one of our relations is invalidated. */
+/*
+ * Forget the cached OIDs, and what this transaction verified against the
+ * storage they name: the next lookup and the next write check again.
+ */
+static void
+forget_storage(void)
+{
+	ids.valid = false;
+	if (key_states != NULL && MyProc != NULL &&
+		key_states_lxid == MyProc->lxid)
+	{
+		HASH_SEQ_STATUS status;
+		DlockKeyState *st;
+
+		hash_seq_init(&status, key_states);
+		while ((st = hash_seq_search(&status)) != NULL)
+			st->verified = false;
+	}
+}
+
+/* Forget the storage when one of our relations is invalidated. */
 static void
 storage_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == ids.leases || relid == ids.seq)
-		ids.valid = false;
+		forget_storage();
 }
 
-/* Forget them too when any schema changes (its owner, say). */
+/* Forget it too when any schema changes (its owner, say). */
 static void
 storage_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
-	ids.valid = false;
+	forget_storage();
 }
 
 /*
- * Raise an error unless the schema nspid is owned by trusted (or, when
- * superuser_ok, by a superuser).  Whoever owns the schema can rename it,
- * drop dlock's objects in it and put look-alikes in their place.
+ * Raise an error unless the schema nspid is owned by trusted or by a
+ * superuser.  Whoever owns the schema can rename it, drop dlock's objects
+ * in it and put look-alikes in their place.  installing says whether the
+ * install or upgrade script asks (else a function at run time).
  */
 static void
-check_schema_owner(Oid nspid, Oid trusted, bool superuser_ok)
+check_schema_owner(Oid nspid, Oid trusted, bool installing)
 {
 	HeapTuple	tup;
 	Oid			nspowner;
@@ -140,29 +161,33 @@ check_schema_owner(Oid nspid, Oid trusted, bool superuser_ok)
 	nspname = pstrdup(NameStr(((Form_pg_namespace) GETSTRUCT(tup))->nspname));
 	ReleaseSysCache(tup);
 
-	if (nspowner == trusted || (superuser_ok && superuser_arg(nspowner)))
+	if (nspowner == trusted || superuser_arg(nspowner))
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("schema \"%s\" of extension dlock is owned by role \"%s\"",
 					nspname, GetUserNameFromId(nspowner, false)),
-			 errdetail("The owner of the schema can rename it and replace dlock's lease table, so dlock refuses to work in it; only role \"%s\"%s may own it.",
-					   GetUserNameFromId(trusted, false),
-					   superuser_ok ? " or a superuser" : ""),
-			 errhint("Drop the extension and the schema, and create the extension again as a superuser so that it creates the schema itself; or, if you trust that role, ALTER SCHEMA %s OWNER TO the extension's owner.",
-					 quote_identifier(nspname))));
+			 errdetail("The owner of the schema can rename it and replace dlock's lease table, so dlock refuses to work in it; only role \"%s\" or a superuser may own it.",
+					   GetUserNameFromId(trusted, false)),
+			 installing ?
+			 errhint("Let CREATE EXTENSION create the schema: drop or rename schema %s first; or, after checking what is in it, ALTER SCHEMA %s OWNER TO %s.",
+					 quote_identifier(nspname), quote_identifier(nspname),
+					 quote_identifier(GetUserNameFromId(trusted, false))) :
+			 errhint("After checking what is in it, ALTER SCHEMA %s OWNER TO %s.  Do not drop the extension to fix this: that forgets the leases and the token counter.",
+					 quote_identifier(nspname),
+					 quote_identifier(GetUserNameFromId(trusted, false)))));
 }
 
 /*
  * Called by the install and upgrade scripts (through dlock.c) with the
- * schema they install into: refuse a schema the installing role does not
- * own.  CREATE EXTENSION uses an existing schema named in the control file
- * as it is, whoever created it.
+ * schema they install into: refuse a schema owned by anyone but the
+ * installing role or a superuser.  CREATE EXTENSION uses an existing
+ * schema named in the control file as it is, whoever created it.
  */
 void
 dlock_install_check_schema(Oid nspid)
 {
-	check_schema_owner(nspid, GetUserId(), false);
+	check_schema_owner(nspid, GetUserId(), true);
 }
 
 /* Fill ids: the extension's table and sequence, found through pg_depend. */
@@ -199,7 +224,7 @@ find_storage(void)
 	table_close(rel, AccessShareLock);
 	if (!OidIsValid(extowner))
 		elog(ERROR, "extension dlock (%u) vanished", ext);
-	check_schema_owner(extnsp, extowner, true);
+	check_schema_owner(extnsp, extowner, false);
 
 	/* its member relations */
 	rel = table_open(DependRelationId, AccessShareLock);
