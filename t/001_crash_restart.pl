@@ -6,7 +6,10 @@
 # After the restart every recorded lease must still be held by its owner,
 # and no fencing token may be handed out twice: a new grant's token must be
 # greater than every token any client saw before the crash, including the
-# tokens of grants whose transaction rolled back.
+# tokens of grants whose transaction rolled back, and of grants whose
+# transaction was still open when the server went down (part 3: more than
+# the 32 values a sequence logs ahead, so the token sequence has to write a
+# new WAL record inside a transaction that never commits).
 
 use strict;
 use warnings;
@@ -17,8 +20,10 @@ use Test::More;
 
 my $node = PostgreSQL::Test::Cluster->new('crash');
 $node->init;
-# Cluster.pm turns fsync off; this test is about durability.
-$node->append_conf('postgresql.conf', "fsync = on\n");
+# Cluster.pm turns fsync off; this test is about durability.  The WAL
+# writer is kept from writing WAL in the background for up to 10 s, so that
+# what a crash keeps is what the backends flushed themselves.
+$node->append_conf('postgresql.conf', "fsync = on\nwal_writer_delay = 10s\n");
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
@@ -94,8 +99,8 @@ is(lost_leases(\%owner), '',
 
 is( $node->safe_psql(
 		'postgres',
-		q{SELECT count(*) FROM unnest(ARRAY['k1','k2','k3','k4','k5']) AS k
-		  WHERE dlock.try_acquire(k, '1 hour') IS NOT NULL}),
+		q{SELECT count(*) FROM unnest(ARRAY['k1','k2','k3','k4','k5']) AS k,
+		  LATERAL dlock.try_acquire(k, '1 hour') AS l}),
 	'0',
 	'nobody else can acquire a key held before the crash');
 
@@ -150,7 +155,7 @@ is(lost_leases(\%many), '', 'the 100 leases survived the second crash');
 is( $node->safe_psql(
 		'postgres',
 		q{SELECT count(*) FROM generate_series(1, 50) AS i
-		  WHERE dlock.try_acquire('b' || i, '1 hour') IS NULL}),
+		  WHERE NOT EXISTS (SELECT FROM dlock.try_acquire('b' || i, '1 hour'))}),
 	'50',
 	'the 50 leases granted in one statement survived the second crash');
 
@@ -158,6 +163,53 @@ $new = $node->safe_psql('postgres',
 	q{SELECT fence FROM dlock.try_acquire('after2', '1 hour')});
 cmp_ok($new, '>', $max_seen,
 	'after the second crash, a new token is greater than every token seen');
+note_fence($new);
+
+#
+# Part 3: 40 grants of distinct keys in one transaction that is still open,
+# uncommitted, when the server crashes.  The token sequence logs 32 values
+# ahead, so 40 tokens make it write at least one WAL record inside this
+# transaction; nothing commits it, so only dlock's own flush before it
+# returns a token can keep the sequence from going back below the tokens
+# this client saw.
+#
+$s = $node->background_psql('postgres');
+$s->query_safe('SET synchronous_commit = off');
+$s->query_safe('BEGIN');
+
+my @lost;
+foreach my $i (1 .. 40)
+{
+	my ($owner, $fence) = grant($s, "lost$i");
+	push @lost, $fence if defined $fence && $fence =~ /^\d+$/;
+}
+is(scalar(@lost), 40, '40 leases granted in a transaction left open');
+note_fence($_) foreach @lost;
+is_deeply(\@lost, [ sort { $a <=> $b } @lost ],
+	'tokens grow with every grant in the open transaction');
+cmp_ok($lost[-1] - $lost[0], '>=', 39,
+	'the open transaction drew 40 distinct tokens, more than the 32 a sequence logs ahead'
+);
+
+$node->stop('immediate');
+$s->quit;
+$node->start;
+
+is( $node->safe_psql(
+		'postgres',
+		qq{SELECT count(*), min(l.fence) > $max_seen
+		   FROM generate_series(1, 40) AS i,
+		   LATERAL dlock.try_acquire('lost' || i, '1 hour') AS l}),
+	'40|t',
+	'the keys granted in the lost transaction are free, and each is granted again with a token greater than every token seen'
+);
+
+$new = $node->safe_psql('postgres',
+	q{SELECT fence FROM dlock.try_acquire('after3', '1 hour')});
+cmp_ok($new, '>', $max_seen,
+	'after the third crash, a new token is greater than every token seen');
+
+is(lost_leases(\%many), '', 'the 100 leases survived the third crash');
 
 $node->stop;
 done_testing();
