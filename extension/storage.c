@@ -317,6 +317,27 @@ section_end(Section *s)
 }
 
 /*
+ * Open dlock.leases for a change, as its owner (section_begin), after
+ * checking that the transaction may write.  Undo with close_changed.
+ */
+static Relation
+open_for_change(Section *s)
+{
+	dlock_check_writable();
+	storage_ids();
+	section_begin(s);
+	return table_open(ids.leases, RowExclusiveLock);
+}
+
+/* Close rel after a change, keeping its lock; end the section. */
+static void
+close_changed(Relation rel, Section *s)
+{
+	table_close(rel, NoLock);
+	section_end(s);
+}
+
+/*
  * Return a copy of the row of key in rel (opened by the caller), read with
  * a fresh snapshot, or NULL when the key has no row.
  */
@@ -557,10 +578,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 	TM_FailureData tmfd;
 	LockTupleMode lockmode;
 
-	dlock_check_writable();
-	storage_ids();
-	section_begin(&s);
-	rel = table_open(ids.leases, RowExclusiveLock);
+	rel = open_for_change(&s);
 	desc = RelationGetDescr(rel);
 
 	memset(lease, 0, sizeof(DlockLease));
@@ -619,8 +637,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 		insert_index_entries(rel, tup);
 	}
 	CommandCounterIncrement();
-	table_close(rel, NoLock);
-	section_end(&s);
+	close_changed(rel, &s);
 
 	forget_verified(k, len);
 	force_synchronous_commit();
@@ -648,10 +665,7 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 	bool		nulls[Natts_leases] = {0};
 	bool		replace[Natts_leases] = {0};
 
-	dlock_check_writable();
-	storage_ids();
-	section_begin(&s);
-	rel = table_open(ids.leases, RowExclusiveLock);
+	rel = open_for_change(&s);
 	old = fetch_row(rel, k, len);
 	if (old == NULL)
 		elog(ERROR, "dlock: lease row of a held key vanished");
@@ -667,8 +681,7 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 	if (!HeapTupleIsHeapOnly(tup))
 		insert_index_entries(rel, tup);
 	CommandCounterIncrement();
-	table_close(rel, NoLock);
-	section_end(&s);
+	close_changed(rel, &s);
 
 	forget_verified(k, len);
 	if (!release)
@@ -725,10 +738,7 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 	DlockLease	lease;
 	bool		deleted = false;
 
-	dlock_check_writable();
-	storage_ids();
-	section_begin(&s);
-	rel = table_open(ids.leases, RowExclusiveLock);
+	rel = open_for_change(&s);
 	old = fetch_row(rel, k, len);
 	row_to_lease(rel, old, &lease);
 	if (old != NULL && lease.expires_at < cutoff)
@@ -737,8 +747,7 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 		CommandCounterIncrement();
 		deleted = true;
 	}
-	table_close(rel, NoLock);
-	section_end(&s);
+	close_changed(rel, &s);
 	if (deleted)
 		forget_verified(k, len);
 	return deleted;
