@@ -4,7 +4,7 @@
  *		Key locks, named by what the caller intends, and waiter wake-ups.
  *
  * A key is serialized with heavyweight advisory locks whose tag is
- * (database, 64-bit hash of the key, lock space).  Applications' own
+ * (database, 64 bits of the key's SHA-256, lock space).  Applications' own
  * pg_advisory_lock() calls use lock spaces 1 and 2; ours are distinct, so
  * the two never collide.  Keys whose hashes collide merely share a lock:
  * that costs concurrency, never correctness, because the lease row itself
@@ -67,7 +67,8 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "common/hashfn.h"
+#include "common/cryptohash.h"
+#include "common/sha2.h"
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "storage/lock.h"
@@ -95,11 +96,31 @@ typedef struct Touched
 static HTAB *touched = NULL;
 static LocalTransactionId touched_lxid = InvalidLocalTransactionId;
 
-/* The 64-bit hash that names key in every lock space. */
+/*
+ * The 64-bit hash that names key in every lock space: the first 8 bytes of
+ * its SHA-256.  A fast hash would do for spreading keys, but not against a
+ * role that computes a key whose lock collides with a holder's (the key
+ * lock is shared then: its transactions could hold the holder up).  For
+ * SHA-256 that is a second preimage of 64 bits: about 2^64 tries.
+ */
 static uint64
 key_hash(const char *key, int len)
 {
-	return hash_bytes_extended((const unsigned char *) key, len, 0);
+	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
+	uint8		digest[PG_SHA256_DIGEST_LENGTH];
+	uint64		h;
+
+	if (ctx == NULL ||
+		pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) key, len) < 0 ||
+		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("could not hash a dlock key: %s",
+						pg_cryptohash_error(ctx))));
+	pg_cryptohash_free(ctx);
+	memcpy(&h, digest, sizeof(h));
+	return h;
 }
 
 /* Fill *tag with the lock tag of hash h in lock space space. */

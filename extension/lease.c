@@ -10,10 +10,11 @@
  * A grant looks first without any lock and refuses at once when the lease
  * is live; only a key that looks free is locked, conditionally, and looked
  * at again under the lock.  When the lock is busy (a grant, a release or a
- * writer under an expired lease is still open) the caller sleeps on its
- * latch until that transaction ends and wakes it; when the lease is live,
- * acquire sleeps until its expiry, or until a release or renewal wakes it.
- * No competitor ever waits in the lock manager's queue.
+ * writer under an expired lease is still open) try_acquire refuses and
+ * acquire sleeps on its latch until that transaction ends and wakes it;
+ * when the lease is live, acquire sleeps until its expiry, or until a
+ * release or renewal wakes it.  No competitor ever waits in the lock
+ * manager's queue.
  *
  *-------------------------------------------------------------------------
  */
@@ -76,15 +77,14 @@ attempt_grant(text *key, int64 ttl, text *holder, DlockLease *lease)
 }
 
 /*
- * Grant key, waiting on our latch while the key lock is busy and, with
- * wait_for_lease, while a live lease holds the key; until deadline when
- * bounded.  Returns GRANT_OK, or what stood in the way when we stopped
- * (GRANT_HELD at once without wait_for_lease; either at the deadline).
- * While the key lock is busy, lock_timeout applies as to any lock wait.
+ * Grant key, waiting on our latch while the key lock is busy or a live
+ * lease holds the key; until deadline when bounded.  Returns GRANT_OK, or
+ * what stood in the way at the deadline.  While the key lock is busy,
+ * lock_timeout applies as to any lock wait.
  */
 static GrantResult
-grant_waiting(text *key, int64 ttl, text *holder, bool wait_for_lease,
-			  bool bounded, TimestampTz deadline, DlockLease *lease)
+grant_waiting(text *key, int64 ttl, text *holder, bool bounded,
+			  TimestampTz deadline, DlockLease *lease)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
@@ -103,7 +103,7 @@ grant_waiting(text *key, int64 ttl, text *holder, bool wait_for_lease,
 
 		CHECK_FOR_INTERRUPTS();
 		r = attempt_grant(key, ttl, holder, lease);
-		if (r == GRANT_OK || (r == GRANT_HELD && !wait_for_lease))
+		if (r == GRANT_OK)
 			break;
 		if (r == GRANT_BUSY && !busy_registered)
 		{
@@ -202,7 +202,11 @@ lease_result(FunctionCallInfo fcinfo, text *key, DlockLease *lease)
 
 /*
  * dlock.try_acquire(key, ttl, holder): grant the lease when key is free,
- * released or expired; else no row (0.1: NULL) at once.
+ * released or expired; else no row (0.1: NULL) at once.  It never waits:
+ * not for a live lease, and not for another transaction that holds the key
+ * locked (a grant or release of it not yet committed, a writer under its
+ * expired lease), which would be a wait that the deadlock detector cannot
+ * see.
  */
 Datum
 dlock_try_acquire(PG_FUNCTION_ARGS)
@@ -217,7 +221,7 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 	key = dlock_key_arg(fcinfo, 0);
 	ttl = dlock_ttl_arg(fcinfo, 1);
 	holder = dlock_holder_arg(fcinfo, 2);
-	if (grant_waiting(key, ttl, holder, false, false, 0, &lease) != GRANT_OK)
+	if (attempt_grant(key, ttl, holder, &lease) != GRANT_OK)
 		return lease_result(fcinfo, key, NULL);
 	return lease_result(fcinfo, key, &lease);
 }
@@ -247,7 +251,7 @@ dlock_acquire(PG_FUNCTION_ARGS)
 	holder = dlock_holder_arg(fcinfo, 3);
 	deadline = GetCurrentTimestamp() + (bounded ? wait : 0);
 
-	r = grant_waiting(key, ttl, holder, true, bounded, deadline, &lease);
+	r = grant_waiting(key, ttl, holder, bounded, deadline, &lease);
 	if (r != GRANT_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),

@@ -14,11 +14,17 @@
  * the extension's owner (or a superuser): whoever owns the schema can
  * rename or replace what is in it.
  *
- * Reading.  Always with a fresh snapshot (GetLatestSnapshot), never the
- * caller's transaction snapshot, by a direct lookup in the primary key
- * index: a REPEATABLE READ caller whose snapshot predates a grant must
- * still see that grant.  The caller holds whichever key lock makes the
- * answer stable (keylock.c).
+ * Reading.  Never with the caller's transaction snapshot: a REPEATABLE
+ * READ caller whose snapshot predates a grant must still see that grant.
+ * We read the latest committed version (and our own changes) with
+ * SnapshotSelf, by a direct lookup in the primary key index.  That is not
+ * an MVCC snapshot, so a SERIALIZABLE caller's reads of the lease table do
+ * not take predicate locks: the key locks already order everything that
+ * matters, and SSI would otherwise fail concurrent acquirers of one key
+ * with 40001.  The caller holds whichever key lock makes the answer stable
+ * (keylock.c); a key's row is only ever changed under a lock that excludes
+ * the reader's, except by a renewal extending it or prune deleting an
+ * expired row, where either version is right.
  *
  * Writing.  Directly with heap_* calls and index inserts, no SQL, no
  * executor: no trigger, rule, policy or operator chosen by anyone can run
@@ -278,6 +284,29 @@ storage_ids(void)
 		find_storage();
 }
 
+/*
+ * Open dlock.leases with lockmode, after making sure that ids are valid.
+ * A DROP EXTENSION that commits while we wait for the lock gets a clear
+ * error, not "could not open relation".
+ */
+static Relation
+open_leases(LOCKMODE lockmode)
+{
+	Relation	rel;
+
+	storage_ids();
+	rel = try_table_open(ids.leases, lockmode);
+	if (rel == NULL)
+	{
+		ids.valid = false;
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the lease table of extension dlock was dropped"),
+				 errhint("The extension was dropped, or dropped and created again, while this call waited: call again.")));
+	}
+	return rel;
+}
+
 /* Set up the caches' invalidation; called once from _PG_init. */
 static void storage_subxact_callback(SubXactEvent event,
 									 SubTransactionId mySubid,
@@ -323,10 +352,12 @@ section_end(Section *s)
 static Relation
 open_for_change(Section *s)
 {
+	Relation	rel;
+
 	dlock_check_writable();
-	storage_ids();
+	rel = open_leases(RowExclusiveLock);
 	section_begin(s);
-	return table_open(ids.leases, RowExclusiveLock);
+	return rel;
 }
 
 /* Close rel after a change, keeping its lock; end the section. */
@@ -338,13 +369,12 @@ close_changed(Relation rel, Section *s)
 }
 
 /*
- * Return a copy of the row of key in rel (opened by the caller), read with
- * a fresh snapshot, or NULL when the key has no row.
+ * Return a copy of the latest row of key in rel (opened by the caller), or
+ * NULL when the key has no row.
  */
 static HeapTuple
 fetch_row(Relation rel, const char *key, int len)
 {
-	Snapshot	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	ScanKeyData skey;
 	SysScanDesc scan;
 	HeapTuple	tup;
@@ -355,12 +385,11 @@ fetch_row(Relation rel, const char *key, int len)
 						   TupleDescAttr(RelationGetDescr(rel), Anum_leases_key - 1)->attcollation,
 						   F_TEXTEQ, PointerGetDatum(keytext));
 	scan = systable_beginscan(rel, RelationGetPrimaryKeyIndex(rel), true,
-							  snapshot, 1, &skey);
+							  SnapshotSelf, 1, &skey);
 	tup = systable_getnext(scan);
 	if (HeapTupleIsValid(tup))
 		tup = heap_copytuple(tup);
 	systable_endscan(scan);
-	UnregisterSnapshot(snapshot);
 	return tup;
 }
 
@@ -397,8 +426,7 @@ dlock_read_lease(const char *key, int len, DlockLease *lease)
 	Relation	rel;
 	HeapTuple	tup;
 
-	storage_ids();
-	rel = table_open(ids.leases, AccessShareLock);
+	rel = open_leases(AccessShareLock);
 	tup = fetch_row(rel, key, len);
 	row_to_lease(rel, tup, lease);
 	if (tup)
@@ -492,7 +520,7 @@ force_synchronous_commit(void)
 static void
 secure_drawn_fence(void)
 {
-	Relation	seq = relation_open(ids.seq, AccessShareLock);
+	Relation	seq = relation_open(ids.seq, AccessShareLock);	/* locked by nextval */
 	Buffer		buf = ReadBuffer(seq, 0);
 	XLogRecPtr	lsn;
 	bool		interrupted;
@@ -697,16 +725,13 @@ dlock_storage_old_keys(TimestampTz cutoff)
 {
 	Relation	rel;
 	TupleDesc	desc;
-	Snapshot	snapshot;
 	SysScanDesc scan;
 	HeapTuple	tup;
 	List	   *keys = NIL;
 
-	storage_ids();
-	rel = table_open(ids.leases, AccessShareLock);
+	rel = open_leases(AccessShareLock);
 	desc = RelationGetDescr(rel);
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	scan = systable_beginscan(rel, InvalidOid, false, snapshot, 0, NULL);
+	scan = systable_beginscan(rel, InvalidOid, false, SnapshotSelf, 0, NULL);
 	while (HeapTupleIsValid(tup = systable_getnext(scan)))
 	{
 		bool		isnull;
@@ -718,7 +743,6 @@ dlock_storage_old_keys(TimestampTz cutoff)
 																desc, &isnull)));
 	}
 	systable_endscan(scan);
-	UnregisterSnapshot(snapshot);
 	table_close(rel, AccessShareLock);
 	return keys;
 }

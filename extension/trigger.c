@@ -319,9 +319,13 @@ append_value(StringInfo buf, TemplatePart *part, Datum d)
 					EncodeSpecialTimestamp(ts, out);
 				/* no time zone pointer: broken down in UTC */
 				else if (timestamp2tm(ts, NULL, &tm, &fsec, NULL, NULL) == 0)
+				{
+					/* UTC is a zone it knows: print +00 for timestamptz */
+					tm.tm_isdst = 0;
 					EncodeDateTime(&tm, fsec,
 								   part->render == RENDER_TIMESTAMPTZ, 0, NULL,
 								   USE_ISO_DATES, out);
+				}
 				else
 					ereport(ERROR,
 							(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
