@@ -18,7 +18,7 @@ DATA = extension/dlock--0.1.sql extension/dlock--0.2.sql \
 	extension/dlock--0.1--0.2.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
-REGRESS = lease_api lease_errors fence_trigger
+REGRESS = lease_api lease_errors fence_trigger trust
 REGRESS_OPTS = --inputdir=. --load-extension=dlock
 ISOLATION = acquire_race stale_owner repeatable_read \
 	fence_takeover fence_stale_write fence_isolation fence_two_keys \

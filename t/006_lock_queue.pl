@@ -9,9 +9,11 @@
 # b. A bounded acquire() of a key whose expired lease still has an open
 #    writer sleeps on its latch and is woken by the writer's commit, not by
 #    its own deadline.
-# c. try_acquire() of a key whose grant is not yet committed waits for that
-#    transaction: no row when it commits, a lease when it rolls back.
-# d. lock_timeout bounds that wait (55P03).
+# c. try_acquire() of a key whose grant is not yet committed returns no row
+#    at once; acquire() waits for that transaction and gets the key when the
+#    grant rolls back.
+# d. lock_timeout bounds acquire's wait for another transaction holding the
+#    key (55P03).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -186,7 +188,10 @@ is( $node->safe_psql('postgres', qq{
 $c->quit;
 $wb->quit;
 
-# c. try_acquire waits for a grant that is not yet committed.
+# c. try_acquire never waits, not even for a grant that is not yet
+# committed (such a wait would be invisible to the deadlock detector): it
+# returns no row at once.  acquire waits for that transaction instead, and
+# gets the key when the grant rolls back.
 for my $end ('COMMIT', 'ROLLBACK')
 {
 	my $key = "c:$end";
@@ -195,32 +200,41 @@ for my $end ('COMMIT', 'ROLLBACK')
 		BEGIN;
 		SELECT count(*) FROM dlock.try_acquire('$key', '1 hour');
 	});
+	is( $node->safe_psql('postgres', qq{
+			SET statement_timeout = '3s';
+			SELECT count(*) FROM dlock.try_acquire('$key', '1 hour');}),
+		'0', "try_acquire of a key granted in an open transaction: no row at once ($end)");
 	my ($t, $tpid) = session();
 	$t->query_until(qr/waiting/, qq{
 		\\echo waiting
 		INSERT INTO outcome (who, nrows, nowners, waited)
-		SELECT '$end', count(*), count(owner), clock_timestamp() - statement_timestamp()
-		FROM dlock.try_acquire('$key', '1 hour');
+		SELECT '$end', 1, count(owner), clock_timestamp() - statement_timestamp()
+		FROM dlock.acquire('$key', '1 hour', wait => '30 seconds');
 	});
-	sleeps_on_latch($tpid, "try_acquire of a key granted in an open transaction ($end)");
+	sleeps_on_latch($tpid, "acquire of a key granted in an open transaction ($end)");
 	is($node->safe_psql('postgres', "SELECT count(*) FROM outcome WHERE who = '$end'"),
-		'0', "try_acquire did not answer before the grant's $end");
+		'0', "acquire did not answer before the grant's $end");
 	$g->query_safe($end);
-	ok($node->poll_query_until('postgres',
-			"SELECT count(*) = 1 FROM outcome WHERE who = '$end'"),
-		"try_acquire answered after the grant's $end");
-	is( $node->safe_psql('postgres',
-			"SELECT nrows, nowners FROM outcome WHERE who = '$end'"),
-		$end eq 'COMMIT' ? '0|0' : '1|1',
-		$end eq 'COMMIT'
-		? 'no row once the grant committed'
-		: 'a lease once the grant rolled back');
+	if ($end eq 'ROLLBACK')
+	{
+		ok($node->poll_query_until('postgres',
+				"SELECT count(*) = 1 FROM outcome WHERE who = '$end'"),
+			"acquire answered after the grant's $end");
+		is( $node->safe_psql('postgres',
+				"SELECT nowners, waited < interval '20 seconds' FROM outcome WHERE who = '$end'"),
+			'1|t', 'a lease once the grant rolled back, long before the wait ran out');
+	}
+	else
+	{
+		sleeps_on_latch($tpid, "acquire sleeps on after the grant committed (the lease is live)");
+		$node->safe_psql('postgres', "SELECT pg_cancel_backend($tpid)");
+	}
 	$t->quit;
 	$g->quit;
 }
 
-# d. lock_timeout bounds try_acquire's wait for the open writer of an
-# expired lease.
+# d. lock_timeout bounds acquire's wait for the open writer of an expired
+# lease.
 my ($wd) = session();
 $wd->query_safe(q{
 	INSERT INTO grants (who, owner, fence, expires_at)
@@ -237,7 +251,7 @@ $node->safe_psql('postgres', q{
 	BEGIN
 		BEGIN
 			INSERT INTO outcome (who, nrows, nowners)
-			SELECT 'timeout', count(*), count(owner) FROM dlock.try_acquire('d:1', '1 hour');
+			SELECT 'timeout', 1, count(owner) FROM dlock.acquire('d:1', '1 hour', wait => '60 seconds');
 		EXCEPTION WHEN OTHERS THEN
 			INSERT INTO outcome (who, sqlstate, waited)
 			VALUES ('timeout', SQLSTATE, clock_timestamp() - started);
