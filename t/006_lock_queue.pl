@@ -14,6 +14,8 @@
 #    grant rolls back.
 # d. lock_timeout bounds acquire's wait for another transaction holding the
 #    key (55P03).
+# e. Keys whose locks collide under PostgreSQL's invertible string hash do
+#    not share a lock.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -271,6 +273,33 @@ is($node->safe_psql('postgres',
 		"SELECT count(*) FROM dlock.try_acquire('d:1', '1 hour')"),
 	'1', 'the key is free once the writer committed');
 $wd->quit;
+
+# e. Keys whose locks would have collided under PostgreSQL's own string
+# hash (which anyone can invert: hashtextextended gives the same value for
+# both) do not share a lock: a role holding the colliding key in an open
+# transaction cannot hold up the holder's renew or writer.
+my $victim = 'stock-sync:warehouse-42';
+my $collider = 'mallory-key-"XYRFSp]]R-U';
+is( $node->safe_psql('postgres', qq{
+		SELECT hashtextextended('$victim', 0) = hashtextextended(\$\$$collider\$\$, 0)}),
+	't', 'the two keys collide under hashtextextended');
+my ($eowner, $efence) = split /\|/, $node->safe_psql('postgres', qq{
+	SELECT owner, fence FROM dlock.try_acquire('$victim', '1 hour')});
+my ($m) = session();
+$m->query_safe(qq{
+	BEGIN;
+	SELECT count(*) FROM dlock.try_acquire(\$\$$collider\$\$, '1 hour');
+});
+is( $node->safe_psql('postgres', qq{
+		SET statement_timeout = '3s';
+		SELECT dlock.renew('$victim', '$eowner', '1 hour') IS NOT NULL;
+		BEGIN;
+		SELECT dlock.use_fence('$victim', $efence);
+		SELECT dlock.check_fence('$victim', $efence);
+		COMMIT;}),
+	"t\n\nt", 'the holder renews and writes while the colliding key is held open');
+$m->query_safe('COMMIT');
+$m->quit;
 
 $node->stop;
 done_testing();
