@@ -107,7 +107,7 @@ extern void dlock_wait_unregister(const char *key, int len, bool busy);
 extern void dlock_storage_init(void);
 extern void dlock_check_writable(void);
 extern void dlock_read_lease(const char *key, int len, DlockLease *lease);
-extern void dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
+extern bool dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 								text *holder, DlockLease *lease);
 extern void dlock_storage_set_end(text *key, TimestampTz end, bool release);
 extern List *dlock_storage_old_keys(TimestampTz cutoff);

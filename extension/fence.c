@@ -71,6 +71,22 @@ judge(const char *key, bool has_token, int64 token, bool monotonic,
 	return FENCE_OK;
 }
 
+/*
+ * Judge a write without any lock first, so that a write that cannot be
+ * accepted never touches the key lock: a stranger's refused writes and
+ * checks must not make a try_acquire of the key find it busy, nor wait for
+ * a grant in flight.  A refusal seen this way is final: no change in
+ * flight can make valid a token that its presenter could know (a token is
+ * only known once its grant has committed, except to the granting
+ * transaction itself, which sees its own grant).
+ */
+static FenceVerdict
+judge_unlocked(const char *key, bool has_token, int64 token, bool monotonic,
+			   DlockLease *lease)
+{
+	return judge(key, has_token, token, monotonic, lease);
+}
+
 /* Format a token for a message: the number, or "none". */
 static char *
 token_str(bool has, int64 token)
@@ -160,8 +176,12 @@ dlock_fence_write(const char *key, bool has_token, int64 token,
 		 (st->lease.held && GetCurrentTimestamp() < st->lease.expires_at)))
 		return token;
 
-	dlock_lock_for_write(key, strlen(key));
-	v = judge(key, has_token, token, monotonic, &lease);
+	v = judge_unlocked(key, has_token, token, monotonic, &lease);
+	if (v == FENCE_OK)
+	{
+		dlock_lock_for_write(key, strlen(key));
+		v = judge(key, has_token, token, monotonic, &lease);
+	}
 	if (v == FENCE_NO_TOKEN && written_back)
 		v = FENCE_WRITTEN_BACK;
 	if (v != FENCE_OK)
@@ -200,8 +220,12 @@ dlock_use_fence(PG_FUNCTION_ARGS)
 	FenceVerdict v;
 	DlockKeyState *st;
 
-	dlock_lock_for_write(key, strlen(key));
-	v = judge(key, true, fence, false, &lease);
+	v = judge_unlocked(key, true, fence, false, &lease);
+	if (v == FENCE_OK)
+	{
+		dlock_lock_for_write(key, strlen(key));
+		v = judge(key, true, fence, false, &lease);
+	}
 	if (v != FENCE_OK)
 		refuse(v, key, true, fence, &lease, NULL);
 	st = dlock_key_state(key, true);
@@ -225,8 +249,12 @@ dlock_check_fence(PG_FUNCTION_ARGS)
 	DlockLease	lease;
 	FenceVerdict v;
 
-	dlock_lock_for_write(key, strlen(key));
-	v = judge(key, true, fence, false, &lease);
-	dlock_unlock_write(key, strlen(key));
+	v = judge_unlocked(key, true, fence, false, &lease);
+	if (v == FENCE_OK)
+	{
+		dlock_lock_for_write(key, strlen(key));
+		v = judge(key, true, fence, false, &lease);
+		dlock_unlock_write(key, strlen(key));
+	}
 	PG_RETURN_BOOL(v == FENCE_OK);
 }

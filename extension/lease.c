@@ -72,7 +72,12 @@ attempt_grant(text *key, int64 ttl, text *holder, DlockLease *lease)
 		dlock_unlock_grant(k, len);
 		return GRANT_HELD;
 	}
-	dlock_storage_grant(key, now, now + ttl, holder, lease);
+	if (!dlock_storage_grant(key, now, now + ttl, holder, lease))
+	{
+		/* a prune() that deleted the key's row has not committed yet */
+		dlock_unlock_grant(k, len);
+		return GRANT_BUSY;
+	}
 	return GRANT_OK;
 }
 
@@ -300,6 +305,11 @@ dlock_renew(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 
+	/* a stranger is refused without touching any lock (see keylock.c) */
+	dlock_read_lease(k, len, &lease);
+	if (!owns(&lease, owner, GetCurrentTimestamp()))
+		PG_RETURN_NULL();
+
 	dlock_lock_for_owner_op(k, len);
 	/* the clock only now: a wait for the locks must not keep a lease alive */
 	now = GetCurrentTimestamp();
@@ -343,7 +353,12 @@ dlock_release(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 
-	/* check the owner before queueing behind the writers: see keylock.c */
+	/* a stranger is refused without touching any lock (see keylock.c) */
+	dlock_read_lease(k, len, &lease);
+	if (!owns(&lease, owner, GetCurrentTimestamp()))
+		PG_RETURN_BOOL(false);
+
+	/* check the owner again, under the lock, before queueing behind writers */
 	dlock_lock_for_owner_op(k, len);
 	dlock_read_lease(k, len, &lease);
 	if (!owns(&lease, owner, GetCurrentTimestamp()))

@@ -371,25 +371,36 @@ close_changed(Relation rel, Section *s)
 /*
  * Return a copy of the latest row of key in rel (opened by the caller), or
  * NULL when the key has no row.
+ *
+ * SnapshotSelf judges each version when the scan reaches it, so a scan
+ * that meets the new version of a row first (invisible: its updater is
+ * still running) and the old one after the updater committed (invisible
+ * now too) finds nothing.  A row exists far more often than not, so when
+ * none is found we look once more; the second scan sees the committed
+ * version.
  */
 static HeapTuple
 fetch_row(Relation rel, const char *key, int len)
 {
 	ScanKeyData skey;
 	SysScanDesc scan;
-	HeapTuple	tup;
+	HeapTuple	tup = NULL;
 	text	   *keytext = cstring_to_text_with_len(key, len);
+	int			attempt;
 
-	ScanKeyEntryInitialize(&skey, 0, Anum_leases_key, BTEqualStrategyNumber,
-						   InvalidOid,
-						   TupleDescAttr(RelationGetDescr(rel), Anum_leases_key - 1)->attcollation,
-						   F_TEXTEQ, PointerGetDatum(keytext));
-	scan = systable_beginscan(rel, RelationGetPrimaryKeyIndex(rel), true,
-							  SnapshotSelf, 1, &skey);
-	tup = systable_getnext(scan);
-	if (HeapTupleIsValid(tup))
-		tup = heap_copytuple(tup);
-	systable_endscan(scan);
+	for (attempt = 0; attempt < 2 && tup == NULL; attempt++)
+	{
+		ScanKeyEntryInitialize(&skey, 0, Anum_leases_key, BTEqualStrategyNumber,
+							   InvalidOid,
+							   TupleDescAttr(RelationGetDescr(rel), Anum_leases_key - 1)->attcollation,
+							   F_TEXTEQ, PointerGetDatum(keytext));
+		scan = systable_beginscan(rel, RelationGetPrimaryKeyIndex(rel), true,
+								  SnapshotSelf, 1, &skey);
+		tup = systable_getnext(scan);
+		if (HeapTupleIsValid(tup))
+			tup = heap_copytuple(tup);
+		systable_endscan(scan);
+	}
 	return tup;
 }
 
@@ -584,11 +595,13 @@ forget_verified(const char *key, int len)
 
 /*
  * Grant key for [now, end) to a new owner, drawing a new token; fill
- * *lease with the new lease.  The caller holds the key's grant lock and
- * has seen no live lease under it.  The token is durable before this
- * returns, and the transaction will commit synchronously.
+ * *lease with the new lease and return true.  The caller holds the key's
+ * grant lock and has seen no live lease under it.  The token is durable
+ * before this returns, and the transaction will commit synchronously.
+ * Return false, changing nothing, when the key's row is being deleted by a
+ * prune() that has not committed yet: the key is busy until it does.
  */
-void
+bool
 dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 					text *holder, DlockLease *lease)
 {
@@ -635,9 +648,10 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 
 		/*
 		 * Only non-indexed columns change: a HOT update when there is room.
-		 * prune() may be deleting the row (it holds the grant lock only
-		 * while it deletes, not until its commit): then heap_update waits
-		 * for it and we insert instead.
+		 * prune() may have deleted the row (it holds the grant lock only
+		 * while it deletes, not until its commit).  Never wait for it: a
+		 * grant must not wait in the lock manager.  Once it has committed
+		 * we insert instead.
 		 */
 		replace[Anum_leases_fence - 1] = true;
 		replace[Anum_leases_owner - 1] = true;
@@ -646,7 +660,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 		replace[Anum_leases_granted_at - 1] = true;
 		tup = heap_modify_tuple(old, desc, values, nulls, replace);
 		result = heap_update(rel, &old->t_self, tup, GetCurrentCommandId(true),
-							 InvalidSnapshot, true, &tmfd, &lockmode);
+							 InvalidSnapshot, false, &tmfd, &lockmode);
 		if (result == TM_Ok)
 		{
 			if (!HeapTupleIsHeapOnly(tup))
@@ -654,6 +668,12 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 		}
 		else if (result == TM_Deleted)
 			old = NULL;			/* prune() deleted it meanwhile: insert */
+		else if (result == TM_BeingModified)
+		{
+			/* the token drawn is never shown: it is simply not used */
+			close_changed(rel, &s);
+			return false;
+		}
 		else
 			elog(ERROR, "dlock: unexpected result %d updating a lease row",
 				 (int) result);
@@ -670,6 +690,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 	forget_verified(k, len);
 	force_synchronous_commit();
 	secure_drawn_fence();
+	return true;
 }
 
 /*
@@ -750,6 +771,7 @@ dlock_storage_old_keys(TimestampTz cutoff)
 /*
  * Delete the row of key if its lease was released or expired before
  * cutoff; return whether it did.  The caller holds the key's grant lock.
+ * A row that another prune() is deleting is left to it, without waiting.
  */
 bool
 dlock_storage_delete_old(text *key, TimestampTz cutoff)
@@ -767,9 +789,11 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 	row_to_lease(rel, old, &lease);
 	if (old != NULL && lease.expires_at < cutoff)
 	{
-		simple_heap_delete(rel, &old->t_self);
+		TM_FailureData tmfd;
+
+		deleted = heap_delete(rel, &old->t_self, GetCurrentCommandId(true),
+							  InvalidSnapshot, false, &tmfd, false) == TM_Ok;
 		CommandCounterIncrement();
-		deleted = true;
 	}
 	close_changed(rel, &s);
 	if (deleted)
