@@ -65,6 +65,7 @@
 #include "replication/syncrep.h"
 #include "replication/walsender.h"
 #include "storage/proc.h"
+#include "storage/procarray.h"
 #include "storage/bufmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -647,11 +648,24 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 			elog(ERROR, "dlock: grant of a key with a live lease");
 
 		/*
-		 * Only non-indexed columns change: a HOT update when there is room.
 		 * prune() may have deleted the row (it holds the grant lock only
-		 * while it deletes, not until its commit).  Never wait for it: a
-		 * grant must not wait in the lock manager.  Once it has committed
-		 * we insert instead.
+		 * while it deletes, not until its commit; SnapshotSelf still shows
+		 * the row then).  A grant must not wait in the lock manager for
+		 * it: report the key busy while that delete is in progress.  No
+		 * new delete can start, we hold the grant lock.
+		 */
+		if (!(old->t_data->t_infomask & HEAP_XMAX_INVALID) &&
+			!HEAP_XMAX_IS_LOCKED_ONLY(old->t_data->t_infomask) &&
+			TransactionIdIsInProgress(HeapTupleHeaderGetUpdateXid(old->t_data)))
+		{
+			/* the token drawn is never shown: it is simply not used */
+			close_changed(rel, &s);
+			return false;
+		}
+
+		/*
+		 * Only non-indexed columns change: a HOT update when there is room.
+		 * A prune() that has committed since leaves TM_Deleted: insert.
 		 */
 		replace[Anum_leases_fence - 1] = true;
 		replace[Anum_leases_owner - 1] = true;
@@ -660,7 +674,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 		replace[Anum_leases_granted_at - 1] = true;
 		tup = heap_modify_tuple(old, desc, values, nulls, replace);
 		result = heap_update(rel, &old->t_self, tup, GetCurrentCommandId(true),
-							 InvalidSnapshot, false, &tmfd, &lockmode);
+							 InvalidSnapshot, true, &tmfd, &lockmode);
 		if (result == TM_Ok)
 		{
 			if (!HeapTupleIsHeapOnly(tup))
@@ -668,12 +682,6 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 		}
 		else if (result == TM_Deleted)
 			old = NULL;			/* prune() deleted it meanwhile: insert */
-		else if (result == TM_BeingModified)
-		{
-			/* the token drawn is never shown: it is simply not used */
-			close_changed(rel, &s);
-			return false;
-		}
 		else
 			elog(ERROR, "dlock: unexpected result %d updating a lease row",
 				 (int) result);
