@@ -279,6 +279,32 @@ owns(const DlockLease *lease, const pg_uuid_t *owner, TimestampTz now)
 }
 
 /*
+ * Start an owner operation (renew, release) on key: refuse a stranger from
+ * the lease row alone, without touching any lock (see keylock.c), then take
+ * the owner-op locks and check again.  Return false, holding no lock, when
+ * owner does not hold a live lease; else true, with *lease read under the
+ * locks and *now the clock after them (a wait for the locks must not keep
+ * a lease alive).
+ */
+static bool
+begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
+			   DlockLease *lease, TimestampTz *now)
+{
+	dlock_read_lease(k, len, lease);
+	if (!owns(lease, owner, GetCurrentTimestamp()))
+		return false;
+	dlock_lock_for_owner_op(k, len);
+	*now = GetCurrentTimestamp();
+	dlock_read_lease(k, len, lease);
+	if (!owns(lease, owner, *now))
+	{
+		dlock_unlock_owner_op(k, len, false);
+		return false;
+	}
+	return true;
+}
+
+/*
  * dlock.renew(key, owner, ttl): set owner's unexpired lease to end at now
  * + ttl.  Return the new expiry, or NULL when the lease is lost.  An
  * earlier end than the current one waits for the transactions writing
@@ -305,16 +331,9 @@ dlock_renew(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 
-	/* a stranger is refused without touching any lock (see keylock.c) */
-	dlock_read_lease(k, len, &lease);
-	if (!owns(&lease, owner, GetCurrentTimestamp()))
+	if (!begin_owner_op(k, len, owner, &lease, &now))
 		PG_RETURN_NULL();
-
-	dlock_lock_for_owner_op(k, len);
-	/* the clock only now: a wait for the locks must not keep a lease alive */
-	now = GetCurrentTimestamp();
-	dlock_read_lease(k, len, &lease);
-	if (owns(&lease, owner, now) && now + ttl < lease.expires_at)
+	if (now + ttl < lease.expires_at)
 	{
 		dlock_lock_for_ending(k, len);
 		ending = true;
@@ -353,19 +372,9 @@ dlock_release(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 
-	/* a stranger is refused without touching any lock (see keylock.c) */
-	dlock_read_lease(k, len, &lease);
-	if (!owns(&lease, owner, GetCurrentTimestamp()))
+	if (!begin_owner_op(k, len, owner, &lease, &now))
 		PG_RETURN_BOOL(false);
-
-	/* check the owner again, under the lock, before queueing behind writers */
-	dlock_lock_for_owner_op(k, len);
-	dlock_read_lease(k, len, &lease);
-	if (!owns(&lease, owner, GetCurrentTimestamp()))
-	{
-		dlock_unlock_owner_op(k, len, false);
-		PG_RETURN_BOOL(false);
-	}
+	/* only now queue behind the writers: a stranger never gets here */
 	dlock_lock_for_ending(k, len);
 	now = GetCurrentTimestamp();
 	dlock_read_lease(k, len, &lease);
