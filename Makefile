@@ -22,7 +22,8 @@ REGRESS = lease_api lease_errors fence_trigger trust
 REGRESS_OPTS = --inputdir=. --load-extension=dlock
 ISOLATION = acquire_race stale_owner repeatable_read \
 	fence_takeover fence_stale_write fence_isolation fence_two_keys \
-	fence_savepoint renew_shortening no_wait_for_strangers
+	fence_savepoint renew_shortening no_wait_for_strangers \
+	renew_in_flight
 ISOLATION_OPTS = --load-extension=dlock
 TAP_TESTS = 1
 

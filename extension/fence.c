@@ -238,8 +238,9 @@ dlock_use_fence(PG_FUNCTION_ARGS)
 
 /*
  * dlock.check_fence(key, fence): would a write under key presenting fence
- * be accepted now?  Waits for a grant of key in progress, then answers
- * without keeping any lock.
+ * be accepted now?  A token that could be accepted is checked again under
+ * the key's write lock (waiting for a grant or an ending in progress); the
+ * answer keeps no lock.
  */
 Datum
 dlock_check_fence(PG_FUNCTION_ARGS)

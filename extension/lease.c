@@ -285,13 +285,20 @@ owns(const DlockLease *lease, const pg_uuid_t *owner, TimestampTz now)
  * owner does not hold a live lease; else true, with *lease read under the
  * locks and *now the clock after them (a wait for the locks must not keep
  * a lease alive).
+ *
+ * Without the lock only a different owner (or none) is final.  A lease of
+ * this owner that looks expired may have a renewal from another of the
+ * holder's connections in flight: that one holds the owner-op lock, and
+ * we must wait for it and look again, or we would tell a holder whose
+ * lease was renewed in time that it lost it.
  */
 static bool
 begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
 			   DlockLease *lease, TimestampTz *now)
 {
 	dlock_read_lease(k, len, lease);
-	if (!owns(lease, owner, GetCurrentTimestamp()))
+	if (!lease->found || !lease->held ||
+		memcmp(&lease->owner, owner, sizeof(pg_uuid_t)) != 0)
 		return false;
 	dlock_lock_for_owner_op(k, len);
 	*now = GetCurrentTimestamp();
