@@ -103,6 +103,13 @@ dlock_interval_text(FunctionCallInfo fcinfo, int argno)
 static int64
 span_usecs(const Interval *span)
 {
+	return dlock_interval_usecs(span);
+}
+
+/* Exported span_usecs: a duration in microseconds, clamped. */
+int64
+dlock_interval_usecs(const Interval *span)
+{
 	INT128		sum = int64_to_int128(span->time);
 
 	int128_add_int64_mul_int64(&sum, span->day, USECS_PER_DAY);
@@ -215,4 +222,49 @@ dlock_holder_arg(FunctionCallInfo fcinfo, int argno)
 						   DLOCK_MAX_HOLDER_BYTES),
 				 errhint("Keep it short: it is a label for people reading dlock.leases.")));
 	return holder;
+}
+
+/*
+ * Return argument argno, a lock_delay, in microseconds: 0 when NULL or
+ * absent (a function of an older version has no such argument).  Capped
+ * like a ttl, by dlock.max_ttl: a delay is a time the key cannot be had.
+ */
+int64
+dlock_lock_delay_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int64		usecs;
+
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return 0;
+	usecs = span_usecs(PG_GETARG_INTERVAL_P(argno));
+	if (usecs < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock_delay must not be negative"),
+				 errdetail("The lock_delay given was %s.",
+						   dlock_interval_text(fcinfo, argno)),
+				 errhint("Pass how long the key should stay ungrantable after the lease expires, or NULL for no delay.")));
+	if (usecs > (int64) dlock_max_ttl_ms * 1000)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock_delay exceeds dlock.max_ttl"),
+				 errdetail("The lock_delay given was %s; dlock.max_ttl is %d ms.",
+						   dlock_interval_text(fcinfo, argno),
+						   dlock_max_ttl_ms),
+				 errhint("A delay keeps the key from everyone; keep it to the time in-flight work needs to drain.")));
+	return usecs;
+}
+
+/*
+ * Return boolean argument argno (named name): dflt when absent (a function
+ * of an older version); NULL is an error.
+ */
+bool
+dlock_bool_arg(FunctionCallInfo fcinfo, int argno, const char *name, bool dflt)
+{
+	if (PG_NARGS() <= argno)
+		return dflt;
+	if (PG_ARGISNULL(argno))
+		dlock_null_argument(fcinfo, name);
+	return PG_GETARG_BOOL(argno);
 }

@@ -18,7 +18,12 @@
  *		the per-transaction view of what a transaction has verified.
  *	keylock.c
  *		The key locks, named by intent, with the conflict matrix; waiters
- *		and the wake-ups that follow every release of a key lock.
+ *		and the wake-ups that follow every release of a key lock; the mark
+ *		that keeps a connection's session-bound leases alive.
+ *	shmem.c
+ *		What lives in shared memory when the module is preloaded: the
+ *		counters behind dlock.stats (kept across clean restarts), the
+ *		per-key FIFO queues of waiting acquirers, and the event log lines.
  *
  *-------------------------------------------------------------------------
  */
@@ -51,7 +56,22 @@ typedef struct DlockLease
 	pg_uuid_t	owner;
 	int64		fence;			/* highest token ever issued for the key */
 	TimestampTz expires_at;
+	TimestampTz granted_at;
+	int64		session_id;		/* session-bound: the connection's mark; else 0 */
+	int64		lock_delay;		/* microseconds the key stays ungrantable after
+								 * an unreleased expiry; 0 for none */
+	TimestampTz hold_limit;		/* latest expiry a renewal may set, or DT_NOEND */
 } DlockLease;
+
+/* Why a lease is not live (dlock_lease_state). */
+typedef enum DlockLeaseState
+{
+	DLOCK_NO_ROW,				/* the key has no row */
+	DLOCK_RELEASED,				/* released (owner NULL) */
+	DLOCK_LIVE,					/* held, unexpired, its connection (if bound) up */
+	DLOCK_EXPIRED,				/* held but ran out */
+	DLOCK_DISCONNECTED			/* session-bound and its connection is gone */
+} DlockLeaseState;
 
 /*
  * What the current transaction knows about a key it writes under
@@ -68,16 +88,25 @@ typedef struct DlockKeyState
 	int64		column_fence;	/* ... this token in a token column */
 } DlockKeyState;
 
-/* Is *lease held by someone and unexpired at now? */
-static inline bool
-dlock_lease_is_live(const DlockLease *lease, TimestampTz now)
+/* What the grant that made a lease asked for, besides key and ttl. */
+typedef struct DlockGrantOptions
 {
-	return lease->found && lease->held && lease->expires_at > now;
-}
+	text	   *holder;			/* label, or NULL */
+	int64		lock_delay;		/* microseconds, 0 for none */
+	bool		session_bound;
+} DlockGrantOptions;
 
 /* GUCs (dlock.c) */
 extern int	dlock_max_ttl_ms;
 extern bool dlock_fence_bypass;
+extern int	dlock_max_hold_ms;
+extern int	dlock_stats_max;
+extern bool dlock_log_events;
+
+/* lease.c */
+extern DlockLeaseState dlock_lease_state(const DlockLease *lease,
+										 TimestampTz now);
+extern bool dlock_lease_is_live(const DlockLease *lease, TimestampTz now);
 
 /* args.c */
 extern void dlock_no_parallel(FunctionCallInfo fcinfo);
@@ -86,6 +115,10 @@ extern void dlock_check_key(const char *key, int len);
 extern text *dlock_key_arg(FunctionCallInfo fcinfo, int argno);
 extern int64 dlock_ttl_arg(FunctionCallInfo fcinfo, int argno);
 extern bool dlock_wait_arg(FunctionCallInfo fcinfo, int argno, int64 *usecs);
+extern int64 dlock_lock_delay_arg(FunctionCallInfo fcinfo, int argno);
+extern int64 dlock_interval_usecs(const Interval *span);
+extern bool dlock_bool_arg(FunctionCallInfo fcinfo, int argno, const char *name,
+						   bool dflt);
 extern int64 dlock_age_arg(FunctionCallInfo fcinfo, int argno);
 extern pg_uuid_t *dlock_owner_arg(FunctionCallInfo fcinfo, int argno);
 extern text *dlock_holder_arg(FunctionCallInfo fcinfo, int argno);
@@ -102,18 +135,63 @@ extern void dlock_lock_for_ending(const char *key, int len);
 extern void dlock_unlock_owner_op(const char *key, int len, bool ending);
 extern void dlock_wait_register(const char *key, int len, bool busy);
 extern void dlock_wait_unregister(const char *key, int len, bool busy);
+extern uint64 dlock_key_hash(const char *key, int len);
+extern int64 dlock_session_mark(const char *key, int len);
+extern bool dlock_session_alive(int64 session_id);
 
 /* storage.c */
 extern void dlock_storage_init(void);
 extern void dlock_check_writable(void);
 extern void dlock_read_lease(const char *key, int len, DlockLease *lease);
 extern bool dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
-								text *holder, DlockLease *lease);
+								TimestampTz hold_limit,
+								const DlockGrantOptions *opts,
+								DlockLease *lease);
 extern void dlock_storage_set_end(text *key, TimestampTz end, bool release);
 extern List *dlock_storage_old_keys(TimestampTz cutoff);
 extern bool dlock_storage_delete_old(text *key, TimestampTz cutoff);
 extern DlockKeyState *dlock_key_state(const char *key, bool create);
 extern void dlock_install_check_schema(Oid nspid);
+
+/* A row of dlock.leases as the views show it (dlock_storage_scan). */
+typedef struct DlockLeaseRow
+{
+	text	   *key;
+	DlockLease	lease;
+	text	   *holder;			/* NULL when none */
+	bool		has_pid;
+	int32		pid;
+	text	   *application_name;	/* NULL when unknown */
+} DlockLeaseRow;
+extern List *dlock_storage_scan(void);
+
+/* shmem.c */
+typedef enum DlockEvent
+{
+	DLOCK_EV_CONTENDED,			/* a try found the key held; an acquire waited */
+	DLOCK_EV_TIMEOUT,			/* an acquire ended with 55P03 */
+	DLOCK_EV_RENEWED,
+	DLOCK_EV_LOST_RENEWAL,		/* renew returned NULL */
+	DLOCK_EV_REFUSED			/* a fenced write or use_fence refused */
+} DlockEvent;
+extern void dlock_shmem_init(void);
+extern bool dlock_shmem_ready(void);
+extern void dlock_count(const char *key, int len, DlockEvent ev);
+extern void dlock_count_wait(const char *key, int len, int64 usecs);
+extern void dlock_count_grant(const char *key, int len,
+							  const DlockLease *prev, const DlockLease *lease,
+							  const DlockGrantOptions *opts);
+extern void dlock_count_release(const char *key, int len,
+								const DlockLease *lease, TimestampTz now);
+extern void dlock_notice_end(const char *key, int len,
+							 const DlockLease *lease, DlockLeaseState state,
+							 TimestampTz now);
+extern void dlock_log_refusal(const char *key, int64 token, int64 current,
+							  const char *why);
+extern bool dlock_queue_enter(uint64 hash);
+extern bool dlock_queue_is_head(void);
+extern bool dlock_queue_others(uint64 hash);
+extern void dlock_queue_leave(void);
 
 /* fence.c */
 extern int64 dlock_fence_write(const char *key, bool has_token, int64 token,

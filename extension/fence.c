@@ -41,8 +41,21 @@ typedef enum FenceVerdict
 	FENCE_STALE,				/* a newer lease has been granted */
 	FENCE_FOREIGN,				/* token never issued for this key */
 	FENCE_RELEASED,				/* the lease was released */
-	FENCE_EXPIRED				/* the lease expired */
+	FENCE_EXPIRED,				/* the lease expired */
+	FENCE_DISCONNECTED			/* session-bound, and its connection ended */
 } FenceVerdict;
+
+/* The state of key's held lease *lease now; count it if it has ended. */
+static DlockLeaseState
+look_ended(const char *key, const DlockLease *lease)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	DlockLeaseState state = dlock_lease_state(lease, now);
+
+	if (state == DLOCK_EXPIRED || state == DLOCK_DISCONNECTED)
+		dlock_notice_end(key, strlen(key), lease, state, now);
+	return state;
+}
 
 /*
  * Judge a write under key presenting token (if has_token), and leave the
@@ -66,9 +79,15 @@ judge(const char *key, bool has_token, int64 token, bool monotonic,
 		return FENCE_OK;
 	if (!lease->held)
 		return FENCE_RELEASED;
-	if (lease->expires_at <= GetCurrentTimestamp())
-		return FENCE_EXPIRED;
-	return FENCE_OK;
+	switch (look_ended(key, lease))
+	{
+		case DLOCK_EXPIRED:
+			return FENCE_EXPIRED;
+		case DLOCK_DISCONNECTED:
+			return FENCE_DISCONNECTED;
+		default:
+			return FENCE_OK;
+	}
 }
 
 /*
@@ -86,6 +105,12 @@ judge_unlocked(const char *key, bool has_token, int64 token, bool monotonic,
 {
 	return judge(key, has_token, token, monotonic, lease);
 }
+
+/* Each verdict's name in dlock.log_events lines. */
+static const char *const verdict_names[] = {
+	"ok", "no_token", "written_back", "no_lease", "stale", "foreign",
+	"released", "expired", "disconnected"
+};
 
 /* Format a token for a message: the number, or "none". */
 static char *
@@ -136,11 +161,18 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
 			msg = "lease on key \"%s\" has expired";
 			hint = "Renew leases before they expire.  Acquire the key again and redo the work under the new token.";
 			break;
+		case FENCE_DISCONNECTED:
+			msg = "session-bound lease on key \"%s\" ended with its connection";
+			hint = "The connection that took the lease is gone.  Acquire the key again and redo the work under the new token.";
+			break;
 		default:
 			elog(ERROR, "unexpected fencing verdict %d", (int) verdict);
 			return;
 	}
 
+	dlock_count(key, strlen(key), DLOCK_EV_REFUSED);
+	dlock_log_refusal(key, has_token ? token : 0,
+					  lease->found ? lease->fence : 0, verdict_names[verdict]);
 	where = relname ? psprintf("The write to table \"%s\" presented", relname)
 		: pstrdup("The transaction presented");
 	ereport(ERROR,
@@ -173,7 +205,9 @@ dlock_fence_write(const char *key, bool has_token, int64 token,
 	/* verified already in this transaction, and still unexpired? */
 	if (has_token && st && st->verified && st->lease.fence == token &&
 		(monotonic ||
-		 (st->lease.held && GetCurrentTimestamp() < st->lease.expires_at)))
+		 (st->lease.held && GetCurrentTimestamp() < st->lease.expires_at &&
+		  (st->lease.session_id == 0 ||
+		   dlock_session_alive(st->lease.session_id)))))
 		return token;
 
 	v = judge_unlocked(key, has_token, token, monotonic, &lease);

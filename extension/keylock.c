@@ -60,7 +60,21 @@
  * one for acquirers waiting for a busy key lock (woken whenever any key
  * lock is given up, a writer's too).  A waiter registers before it looks,
  * so no wake-up can slip between its look and its sleep.  Spurious
- * wake-ups are harmless: a waiter looks again and sleeps again.
+ * wake-ups are harmless: a waiter looks again and sleeps again.  (When the
+ * module is preloaded only the head of a key's FIFO queue registers; see
+ * shmem.c.)
+ *
+ * Session marks.  A session-bound lease names its connection by a random
+ * 64-bit mark, held by that connection as a session-level ExclusiveLock
+ * in its own lock space for as long as the connection lives.  The lease is
+ * live only while somebody holds that lock: a connection that ends, is
+ * terminated or crashes (which restarts the server) gives it up, and so do
+ * DISCARD ALL and pg_advisory_unlock_all(), which end a connection's
+ * session-level advisory locks: a pooler's reset ends the leases that the
+ * previous client bound to the connection.  Nobody else can take a lock
+ * in our spaces (pg_advisory_lock() uses spaces 1 and 2), so a mark cannot
+ * be kept alive by anyone but its connection.  A connection that exits
+ * wakes the waiters of the keys it took session-bound.
  *
  *-------------------------------------------------------------------------
  */
@@ -70,6 +84,7 @@
 #include "common/cryptohash.h"
 #include "common/sha2.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
@@ -85,6 +100,7 @@
 #define DLOCK_SPACE_OWNER_OPS	0x444d	/* renew/release among themselves */
 #define DLOCK_SPACE_WAITERS		0x444e	/* acquirers waiting for a lease */
 #define DLOCK_SPACE_BUSY_WAITERS	0x444f	/* ... for a key lock */
+#define DLOCK_SPACE_SESSIONS	0x4450	/* a connection's session mark */
 
 /* A key this transaction has locked, to wake its waiters at the end. */
 typedef struct Touched
@@ -374,4 +390,128 @@ dlock_wait_unregister(const char *key, int len, bool busy)
 	hash_locktag(&tag, key_hash(key, len),
 				 busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
 	LockRelease(&tag, ShareLock, false);
+}
+
+/* The 64-bit hash of key that names it in shared memory too. */
+uint64
+dlock_key_hash(const char *key, int len)
+{
+	return key_hash(key, len);
+}
+
+/* This connection's session mark (0: none taken yet). */
+static int64 session_mark = 0;
+
+/* Hashes of the keys this connection took session-bound (shmem exit). */
+static HTAB *bound_keys = NULL;
+
+/* Fill *tag with the lock tag of session mark mark. */
+static void
+mark_locktag(LOCKTAG *tag, int64 mark)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) ((uint64) mark >> 32),
+						 (uint32) mark, DLOCK_SPACE_SESSIONS);
+}
+
+/*
+ * At exit, give up the session mark and wake the waiters of every key this
+ * connection took session-bound: their leases end now, not at their TTL.
+ * Runs before the backend's locks are released in general, so the mark is
+ * given up first, explicitly.
+ */
+static void
+session_exit(int code, Datum arg)
+{
+	LOCKTAG		tag;
+	HASH_SEQ_STATUS status;
+	uint64	   *h;
+
+	if (session_mark == 0)
+		return;
+	mark_locktag(&tag, session_mark);
+	if (LockHeldByMe(&tag, ExclusiveLock))
+		LockRelease(&tag, ExclusiveLock, true);
+	session_mark = 0;
+	if (bound_keys == NULL)
+		return;
+	hash_seq_init(&status, bound_keys);
+	while ((h = hash_seq_search(&status)) != NULL)
+		wake_hash(*h, true);
+}
+
+/*
+ * Return this connection's session mark for a session-bound grant of key,
+ * taking one if it has none (or lost it to DISCARD ALL or
+ * pg_advisory_unlock_all(): the leases bound to the old mark stay ended).
+ */
+int64
+dlock_session_mark(const char *key, int len)
+{
+	LOCKTAG		tag;
+	uint64		h = key_hash(key, len);
+	bool		found;
+
+	if (session_mark != 0)
+	{
+		mark_locktag(&tag, session_mark);
+		if (!LockHeldByMe(&tag, ExclusiveLock))
+			session_mark = 0;
+	}
+	if (session_mark == 0)
+	{
+		int64		mark;
+		static bool exit_registered = false;
+
+		do
+		{
+			if (!pg_strong_random(&mark, sizeof(mark)))
+				ereport(ERROR,
+						(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+						 errmsg("could not generate a random session mark")));
+		} while (mark == 0);
+		mark_locktag(&tag, mark);
+		/* a fresh random tag: nobody else can hold it */
+		if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
+			ereport(ERROR,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("could not take a session mark for a session-bound lease"),
+					 errhint("Try again.")));
+		session_mark = mark;
+		if (!exit_registered)
+		{
+			before_shmem_exit(session_exit, (Datum) 0);
+			exit_registered = true;
+		}
+	}
+	if (bound_keys == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(uint64);
+		ctl.entrysize = sizeof(uint64);
+		ctl.hcxt = TopMemoryContext;
+		bound_keys = hash_create("dlock session-bound keys", 16, &ctl,
+								 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	(void) hash_search(bound_keys, &h, HASH_ENTER, &found);
+	return session_mark;
+}
+
+/*
+ * Is the connection that took session mark mark still up (and still
+ * holding it)?  Asks the lock manager without waiting: a conditional
+ * ShareLock on the mark conflicts exactly with its connection's hold.
+ */
+bool
+dlock_session_alive(int64 mark)
+{
+	LOCKTAG		tag;
+
+	mark_locktag(&tag, mark);
+	if (mark == session_mark)
+		return LockHeldByMe(&tag, ExclusiveLock);
+	if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	LockRelease(&tag, ShareLock, false);
+	return false;
 }

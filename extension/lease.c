@@ -41,127 +41,237 @@ PG_FUNCTION_INFO_V1(dlock_prune);
 typedef enum GrantResult
 {
 	GRANT_OK,					/* granted; the grant lock is held */
-	GRANT_HELD,					/* another owner holds a live lease */
-	GRANT_BUSY					/* the key lock is busy; no live lease seen */
+	GRANT_HELD,					/* a live lease, or a lock delay, is in the way */
+	GRANT_BUSY,					/* the key lock is busy; no live lease seen */
+	GRANT_QUEUED				/* other acquirers are ahead in the queue */
 } GrantResult;
+
+/*
+ * The state of *lease at now.  A session-bound lease is live only while
+ * the connection that took it is up (keylock.c).
+ */
+DlockLeaseState
+dlock_lease_state(const DlockLease *lease, TimestampTz now)
+{
+	if (!lease->found)
+		return DLOCK_NO_ROW;
+	if (!lease->held)
+		return DLOCK_RELEASED;
+	if (lease->expires_at <= now)
+		return DLOCK_EXPIRED;
+	if (lease->session_id != 0 && !dlock_session_alive(lease->session_id))
+		return DLOCK_DISCONNECTED;
+	return DLOCK_LIVE;
+}
+
+/* Is *lease held by someone and live at now? */
+bool
+dlock_lease_is_live(const DlockLease *lease, TimestampTz now)
+{
+	return dlock_lease_state(lease, now) == DLOCK_LIVE;
+}
+
+/*
+ * Look at key's lease *lease at now: return its state, and count (once)
+ * a lease that has ended without a release.
+ */
+static DlockLeaseState
+look(const char *k, int len, const DlockLease *lease, TimestampTz now)
+{
+	DlockLeaseState state = dlock_lease_state(lease, now);
+
+	if (state == DLOCK_EXPIRED || state == DLOCK_DISCONNECTED)
+		dlock_notice_end(k, len, lease, state, now);
+	return state;
+}
+
+/*
+ * Until when may nobody be granted key, whose lease *lease is in state at
+ * now?  0 when it may be granted now.  A live lease blocks until it
+ * expires; one granted with a lock delay that ran out unreleased blocks
+ * for the delay after its expiry.  (One whose connection ended is free at
+ * once: that connection has no work in flight.)
+ */
+static TimestampTz
+blocked_until(const DlockLease *lease, DlockLeaseState state, TimestampTz now)
+{
+	if (state == DLOCK_LIVE)
+		return lease->expires_at;
+	if (state == DLOCK_EXPIRED && lease->lock_delay > 0 &&
+		now < lease->expires_at + lease->lock_delay)
+		return lease->expires_at + lease->lock_delay;
+	return 0;
+}
 
 /*
  * One attempt to grant key for ttl microseconds.  Never waits.  On
  * GRANT_OK, *lease is the new lease and the grant lock stays held until
  * the end of the transaction; on GRANT_HELD, *lease is the lease in the
- * way.
+ * way and *until when it stops being in the way.
  */
 static GrantResult
-attempt_grant(text *key, int64 ttl, text *holder, DlockLease *lease)
+attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
+			  DlockLease *lease, TimestampTz *until)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
-	TimestampTz now;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz hold_limit = DT_NOEND;
+	DlockLease	prev;
 
 	/* a refusal needs no lock */
 	dlock_read_lease(k, len, lease);
-	if (dlock_lease_is_live(lease, GetCurrentTimestamp()))
+	*until = blocked_until(lease, look(k, len, lease, now), now);
+	if (*until != 0)
 		return GRANT_HELD;
 	if (!dlock_lock_for_grant(k, len))
 		return GRANT_BUSY;
 	/* read again: a grant may have committed since the first look */
 	dlock_read_lease(k, len, lease);
 	now = GetCurrentTimestamp();
-	if (dlock_lease_is_live(lease, now))
+	*until = blocked_until(lease, dlock_lease_state(lease, now), now);
+	if (*until != 0)
 	{
 		dlock_unlock_grant(k, len);
 		return GRANT_HELD;
 	}
-	if (!dlock_storage_grant(key, now, now + ttl, holder, lease))
+	prev = *lease;
+	/* dlock.max_hold caps the grant, and every renewal of it */
+	if (dlock_max_hold_ms > 0)
+	{
+		hold_limit = now + (int64) dlock_max_hold_ms * 1000;
+		ttl = Min(ttl, (int64) dlock_max_hold_ms * 1000);
+	}
+	if (!dlock_storage_grant(key, now, now + ttl, hold_limit, opts, lease))
 	{
 		/* a prune() that deleted the key's row has not committed yet */
 		dlock_unlock_grant(k, len);
 		return GRANT_BUSY;
 	}
+	dlock_count_grant(k, len, &prev, lease, opts);
 	return GRANT_OK;
 }
 
 /*
- * Grant key, waiting on our latch while the key lock is busy or a live
- * lease holds the key; until deadline when bounded.  Returns GRANT_OK, or
- * what stood in the way at the deadline.  While the key lock is busy,
- * lock_timeout applies as to any lock wait.
+ * Grant key, waiting on our latch while the key lock is busy, a live lease
+ * (or a lock delay) holds the key, or, when the module is preloaded,
+ * others queued for the key before us; until deadline when bounded.
+ * Returns GRANT_OK, or what stood in the way at the deadline.  While the
+ * key lock is busy, lock_timeout applies as to any lock wait.  *waited is
+ * how long we waited (0: granted at the first look).
+ *
+ * Only the head of the queue looks at the key and registers for its
+ * wake-ups; the others sleep until the waiter ahead of them leaves the
+ * queue (shmem.c), so a release wakes one waiter, not all.
  */
 static GrantResult
-grant_waiting(text *key, int64 ttl, text *holder, bool bounded,
-			  TimestampTz deadline, DlockLease *lease)
+grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
+			  bool bounded, TimestampTz deadline, DlockLease *lease,
+			  int64 *waited)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
+	TimestampTz start = GetCurrentTimestamp();
 	TimestampTz busy_since = 0;
+	bool		registered = false;
 	bool		busy_registered = false;
-	GrantResult r;
+	bool		queued;
+	GrantResult r = GRANT_QUEUED;
 
-	/* register before the first look, so no wake-up can slip past us */
-	dlock_wait_register(k, len, false);
-	for (;;)
+	*waited = 0;
+	queued = dlock_queue_enter(dlock_key_hash(k, len));
+	PG_TRY();
 	{
-		TimestampTz now;
-		TimestampTz wake_at = DT_NOEND;
-		long		timeout_ms = -1;
-		int			events = WL_LATCH_SET | WL_EXIT_ON_PM_DEATH;
+		for (;;)
+		{
+			TimestampTz now;
+			TimestampTz wake_at = DT_NOEND;
+			TimestampTz until = 0;
+			long		timeout_ms = -1;
+			int			events = WL_LATCH_SET | WL_EXIT_ON_PM_DEATH;
 
-		CHECK_FOR_INTERRUPTS();
-		r = attempt_grant(key, ttl, holder, lease);
-		if (r == GRANT_OK)
-			break;
-		if (r == GRANT_BUSY && !busy_registered)
-		{
-			/* wait for the lock, too; look again before sleeping */
-			dlock_wait_register(k, len, true);
-			busy_registered = true;
-			continue;
-		}
-		if (r == GRANT_HELD && busy_registered)
-		{
-			dlock_wait_unregister(k, len, true);
-			busy_registered = false;
-		}
-		now = GetCurrentTimestamp();
-		if (bounded && now >= deadline)
-			break;
-		if (r == GRANT_HELD)
-		{
-			wake_at = lease->expires_at;
-			busy_since = 0;
-		}
-		else
-		{
-			if (busy_since == 0)
-				busy_since = now;
-			if (LockTimeout > 0)
+			CHECK_FOR_INTERRUPTS();
+			if (queued && !dlock_queue_is_head())
+				r = GRANT_QUEUED;
+			else
 			{
-				wake_at = busy_since + (int64) LockTimeout * 1000;
-				if (now >= wake_at)
-					ereport(ERROR,
-							(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-							 errmsg("canceling the grant of \"%s\" due to lock timeout",
-									text_to_cstring(key)),
-							 errdetail("Another transaction kept the key locked for longer than lock_timeout (%d ms): a grant or release not yet committed, or a transaction writing under the key's expired lease.",
-									   LockTimeout)));
+				/* register before the first look: no wake-up slips past */
+				if (!registered)
+				{
+					dlock_wait_register(k, len, false);
+					registered = true;
+				}
+				r = attempt_grant(key, ttl, opts, lease, &until);
+				if (r == GRANT_OK)
+					break;
+				if (r == GRANT_BUSY && !busy_registered)
+				{
+					/* wait for the lock, too; look again before sleeping */
+					dlock_wait_register(k, len, true);
+					busy_registered = true;
+					continue;
+				}
+				if (r == GRANT_HELD && busy_registered)
+				{
+					dlock_wait_unregister(k, len, true);
+					busy_registered = false;
+				}
 			}
+			now = GetCurrentTimestamp();
+			*waited = now - start;
+			if (bounded && now >= deadline)
+				break;
+			if (r == GRANT_HELD)
+			{
+				wake_at = until;
+				busy_since = 0;
+			}
+			else if (r == GRANT_BUSY)
+			{
+				if (busy_since == 0)
+					busy_since = now;
+				if (LockTimeout > 0)
+				{
+					wake_at = busy_since + (int64) LockTimeout * 1000;
+					if (now >= wake_at)
+					{
+						dlock_count(k, len, DLOCK_EV_TIMEOUT);
+						ereport(ERROR,
+								(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+								 errmsg("canceling the grant of \"%s\" due to lock timeout",
+										text_to_cstring(key)),
+								 errdetail("Another transaction kept the key locked for longer than lock_timeout (%d ms): a grant or release not yet committed, or a transaction writing under the key's expired lease.",
+										   LockTimeout)));
+					}
+				}
+			}
+			if (bounded && deadline < wake_at)
+				wake_at = deadline;
+			if (wake_at != DT_NOEND)
+			{
+				/* round up, so that a lease is seen expired when we wake */
+				timeout_ms = (long) Min((wake_at - now + 999) / 1000, INT_MAX);
+				if (timeout_ms < 1)
+					timeout_ms = 1;
+				events |= WL_TIMEOUT;
+			}
+			(void) WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
 		}
-		if (bounded && deadline < wake_at)
-			wake_at = deadline;
-		if (wake_at != DT_NOEND)
-		{
-			/* round up, so that a lease is seen expired when we wake */
-			timeout_ms = (long) ((wake_at - now + 999) / 1000);
-			if (timeout_ms < 1)
-				timeout_ms = 1;
-			events |= WL_TIMEOUT;
-		}
-		(void) WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
 	}
+	PG_CATCH();
+	{
+		/* a cancel, a timeout: let the next in the queue have its turn */
+		dlock_queue_leave();
+		dlock_count_wait(k, len, GetCurrentTimestamp() - start);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	if (busy_registered)
 		dlock_wait_unregister(k, len, true);
-	dlock_wait_unregister(k, len, false);
+	if (registered)
+		dlock_wait_unregister(k, len, false);
+	dlock_queue_leave();
 	return r;
 }
 
@@ -218,55 +328,85 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 {
 	text	   *key;
 	int64		ttl;
-	text	   *holder;
+	DlockGrantOptions opts;
 	DlockLease	lease;
+	TimestampTz until;
+	const char *k;
+	int			len;
 
 	dlock_no_parallel(fcinfo);
 	dlock_check_writable();
 	key = dlock_key_arg(fcinfo, 0);
 	ttl = dlock_ttl_arg(fcinfo, 1);
-	holder = dlock_holder_arg(fcinfo, 2);
-	if (attempt_grant(key, ttl, holder, &lease) != GRANT_OK)
+	opts.holder = dlock_holder_arg(fcinfo, 2);
+	opts.lock_delay = dlock_lock_delay_arg(fcinfo, 3);
+	opts.session_bound = dlock_bool_arg(fcinfo, 4, "session_bound", false);
+	k = VARDATA_ANY(key);
+	len = VARSIZE_ANY_EXHDR(key);
+	/* acquirers queued for the key come first */
+	if (dlock_queue_others(dlock_key_hash(k, len)) ||
+		attempt_grant(key, ttl, &opts, &lease, &until) != GRANT_OK)
+	{
+		dlock_count(k, len, DLOCK_EV_CONTENDED);
 		return lease_result(fcinfo, key, NULL);
+	}
 	return lease_result(fcinfo, key, &lease);
 }
 
 /*
- * dlock.acquire(key, ttl, wait, holder): like try_acquire, but wait up to
- * wait (NULL: no limit of its own) for the lease to be released or to
- * expire; raise 55P03 when it does not happen in time.
+ * dlock.acquire(key, ttl, wait, holder, lock_delay, session_bound): like
+ * try_acquire, but wait up to wait (NULL: no limit of its own) for the
+ * lease to be released or to expire; raise 55P03 when it does not happen
+ * in time.
  */
 Datum
 dlock_acquire(PG_FUNCTION_ARGS)
 {
 	text	   *key;
 	int64		ttl;
-	text	   *holder;
+	DlockGrantOptions opts;
 	int64		wait = 0;
+	int64		waited;
 	bool		bounded;
 	TimestampTz deadline;
 	DlockLease	lease;
 	GrantResult r;
+	const char *k;
+	int			len;
 
 	dlock_no_parallel(fcinfo);
 	dlock_check_writable();
 	key = dlock_key_arg(fcinfo, 0);
 	ttl = dlock_ttl_arg(fcinfo, 1);
 	bounded = dlock_wait_arg(fcinfo, 2, &wait);
-	holder = dlock_holder_arg(fcinfo, 3);
+	opts.holder = dlock_holder_arg(fcinfo, 3);
+	opts.lock_delay = dlock_lock_delay_arg(fcinfo, 4);
+	opts.session_bound = dlock_bool_arg(fcinfo, 5, "session_bound", false);
 	deadline = GetCurrentTimestamp() + (bounded ? wait : 0);
+	k = VARDATA_ANY(key);
+	len = VARSIZE_ANY_EXHDR(key);
 
-	r = grant_waiting(key, ttl, holder, bounded, deadline, &lease);
+	r = grant_waiting(key, ttl, &opts, bounded, deadline, &lease, &waited);
+	if (r != GRANT_OK || waited > 0)
+		dlock_count_wait(k, len, waited);
 	if (r != GRANT_OK)
+	{
+		dlock_count(k, len, DLOCK_EV_TIMEOUT);
 		ereport(ERROR,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 				 errmsg("could not acquire the lease on \"%s\" within %s",
 						text_to_cstring(key), dlock_interval_text(fcinfo, 2)),
-				 r == GRANT_HELD ?
+				 r == GRANT_HELD && dlock_lease_is_live(&lease, GetCurrentTimestamp()) ?
 				 errdetail("Another owner holds the lease until %s.",
 						   timestamptz_to_str(lease.expires_at)) :
+				 r == GRANT_HELD ?
+				 errdetail("The key's last lease expired unreleased with a lock delay, which lasts until %s.",
+						   timestamptz_to_str(lease.expires_at + lease.lock_delay)) :
+				 r == GRANT_QUEUED ?
+				 errdetail("Other acquirers of the key were waiting before this one.") :
 				 errdetail("A grant or release not yet committed, or a transaction writing under the key's expired lease, kept the key locked."),
 				 errhint("Retry later, or pass a longer wait.")));
+	}
 	return lease_result(fcinfo, key, &lease);
 }
 
@@ -305,6 +445,7 @@ begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
 	dlock_read_lease(k, len, lease);
 	if (!owns(lease, owner, *now))
 	{
+		(void) look(k, len, lease, *now);
 		dlock_unlock_owner_op(k, len, false);
 		return false;
 	}
@@ -312,10 +453,26 @@ begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
 }
 
 /*
+ * The latest expiry a renewal of *lease may set: the limit stored at its
+ * grant, and this session's dlock.max_hold counted from the grant.
+ */
+static TimestampTz
+hold_limit(const DlockLease *lease)
+{
+	TimestampTz limit = lease->hold_limit;
+
+	if (dlock_max_hold_ms > 0)
+		limit = Min(limit, lease->granted_at + (int64) dlock_max_hold_ms * 1000);
+	return limit;
+}
+
+/*
  * dlock.renew(key, owner, ttl): set owner's unexpired lease to end at now
- * + ttl.  Return the new expiry, or NULL when the lease is lost.  An
- * earlier end than the current one waits for the transactions writing
- * under the lease, which checked their writes against the later end.
+ * + ttl, or at its hold limit (dlock.max_hold) if that comes first.
+ * Return the new expiry, or NULL when the lease is lost or has reached its
+ * limit.  An earlier end than the current one waits for the transactions
+ * writing under the lease, which checked their writes against the later
+ * end.
  */
 Datum
 dlock_renew(PG_FUNCTION_ARGS)
@@ -339,21 +496,26 @@ dlock_renew(PG_FUNCTION_ARGS)
 	len = VARSIZE_ANY_EXHDR(key);
 
 	if (!begin_owner_op(k, len, owner, &lease, &now))
+	{
+		dlock_count(k, len, DLOCK_EV_LOST_RENEWAL);
 		PG_RETURN_NULL();
-	if (now + ttl < lease.expires_at)
+	}
+	if (Min(now + ttl, hold_limit(&lease)) < lease.expires_at)
 	{
 		dlock_lock_for_ending(k, len);
 		ending = true;
 		now = GetCurrentTimestamp();
 		dlock_read_lease(k, len, &lease);
 	}
-	if (!owns(&lease, owner, now))
+	end = Min(now + ttl, hold_limit(&lease));
+	if (!owns(&lease, owner, now) || end <= now)
 	{
 		dlock_unlock_owner_op(k, len, ending);
+		dlock_count(k, len, DLOCK_EV_LOST_RENEWAL);
 		PG_RETURN_NULL();
 	}
-	end = now + ttl;
 	dlock_storage_set_end(key, end, false);
+	dlock_count(k, len, DLOCK_EV_RENEWED);
 	PG_RETURN_TIMESTAMPTZ(end);
 }
 
@@ -391,6 +553,7 @@ dlock_release(PG_FUNCTION_ARGS)
 		PG_RETURN_BOOL(false);
 	}
 	dlock_storage_set_end(key, now, true);
+	dlock_count_release(k, len, &lease, now);
 	PG_RETURN_BOOL(true);
 }
 

@@ -81,14 +81,23 @@
 
 #include "dlock.h"
 
-/* Columns of dlock.leases, in the order of the install script. */
-#define Natts_leases			6
+/*
+ * Columns of dlock.leases, in the order of the install script.  Versions
+ * 0.1 and 0.2 have only the first six: until ALTER EXTENSION dlock UPDATE
+ * the others read as NULL and are not written.
+ */
+#define Natts_leases			11
 #define Anum_leases_key			1
 #define Anum_leases_fence		2
 #define Anum_leases_owner		3
 #define Anum_leases_expires_at	4
 #define Anum_leases_holder		5
 #define Anum_leases_granted_at	6
+#define Anum_leases_pid			7
+#define Anum_leases_application_name 8
+#define Anum_leases_session_id	9
+#define Anum_leases_lock_delay	10
+#define Anum_leases_hold_limit	11
 
 /* The extension's storage, as found through pg_depend. */
 typedef struct StorageIds
@@ -305,6 +314,11 @@ open_leases(LOCKMODE lockmode)
 				 errmsg("the lease table of extension dlock was dropped"),
 				 errhint("The extension was dropped, or dropped and created again, while this call waited: call again.")));
 	}
+	if (RelationGetDescr(rel)->natts > Natts_leases)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dlock.leases has columns that this version of dlock does not know"),
+				 errhint("Install the version of the dlock module that matches the extension, or drop the added columns.")));
 	return rel;
 }
 
@@ -405,6 +419,23 @@ fetch_row(Relation rel, const char *key, int len)
 	return tup;
 }
 
+/*
+ * Return column attnum of tup (a row of rel) in *isnull and the result;
+ * NULL for a column that this version of the table does not have.
+ */
+static Datum
+column(Relation rel, HeapTuple tup, int attnum, bool *isnull)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	if (attnum > desc->natts || TupleDescAttr(desc, attnum - 1)->attisdropped)
+	{
+		*isnull = true;
+		return (Datum) 0;
+	}
+	return heap_getattr(tup, attnum, desc, isnull);
+}
+
 /* Fill *lease from tup, a row of rel (NULL: the key has no row). */
 static void
 row_to_lease(Relation rel, HeapTuple tup, DlockLease *lease)
@@ -414,6 +445,7 @@ row_to_lease(Relation rel, HeapTuple tup, DlockLease *lease)
 	Datum		d;
 
 	memset(lease, 0, sizeof(DlockLease));
+	lease->hold_limit = DT_NOEND;
 	if (tup == NULL)
 		return;
 	lease->found = true;
@@ -425,6 +457,17 @@ row_to_lease(Relation rel, HeapTuple tup, DlockLease *lease)
 											  desc, &isnull));
 	lease->expires_at = DatumGetTimestampTz(heap_getattr(tup, Anum_leases_expires_at,
 														 desc, &isnull));
+	lease->granted_at = DatumGetTimestampTz(heap_getattr(tup, Anum_leases_granted_at,
+														 desc, &isnull));
+	d = column(rel, tup, Anum_leases_session_id, &isnull);
+	if (!isnull)
+		lease->session_id = DatumGetInt64(d);
+	d = column(rel, tup, Anum_leases_lock_delay, &isnull);
+	if (!isnull)
+		lease->lock_delay = dlock_interval_usecs(DatumGetIntervalP(d));
+	d = column(rel, tup, Anum_leases_hold_limit, &isnull);
+	if (!isnull)
+		lease->hold_limit = DatumGetTimestampTz(d);
 }
 
 /*
@@ -604,7 +647,8 @@ forget_verified(const char *key, int len)
  */
 bool
 dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
-					text *holder, DlockLease *lease)
+					TimestampTz hold_limit, const DlockGrantOptions *opts,
+					DlockLease *lease)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
@@ -619,24 +663,58 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 	TM_Result	result;
 	TM_FailureData tmfd;
 	LockTupleMode lockmode;
+	int			natts;
+	int			i;
 
 	rel = open_for_change(&s);
 	desc = RelationGetDescr(rel);
+
+	if (opts->session_bound && desc->natts < Natts_leases)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("session-bound leases need dlock 0.3"),
+				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
 
 	memset(lease, 0, sizeof(DlockLease));
 	new_owner(&lease->owner);
 	lease->found = true;
 	lease->held = true;
 	lease->expires_at = end;
+	lease->granted_at = now;
+	lease->lock_delay = opts->lock_delay;
+	lease->hold_limit = hold_limit;
+	if (opts->session_bound)
+		lease->session_id = dlock_session_mark(k, len);
 	lease->fence = nextval_internal(ids.seq, false);
 
 	values[Anum_leases_key - 1] = PointerGetDatum(cstring_to_text_with_len(k, len));
 	values[Anum_leases_fence - 1] = Int64GetDatum(lease->fence);
 	values[Anum_leases_owner - 1] = UUIDPGetDatum(&lease->owner);
 	values[Anum_leases_expires_at - 1] = TimestampTzGetDatum(end);
-	values[Anum_leases_holder - 1] = PointerGetDatum(holder);
-	nulls[Anum_leases_holder - 1] = (holder == NULL);
+	values[Anum_leases_holder - 1] = PointerGetDatum(opts->holder);
+	nulls[Anum_leases_holder - 1] = (opts->holder == NULL);
 	values[Anum_leases_granted_at - 1] = TimestampTzGetDatum(now);
+	values[Anum_leases_pid - 1] = Int32GetDatum(MyProcPid);
+	if (application_name != NULL && application_name[0] != '\0')
+		values[Anum_leases_application_name - 1] =
+			PointerGetDatum(cstring_to_text(application_name));
+	else
+		nulls[Anum_leases_application_name - 1] = true;
+	values[Anum_leases_session_id - 1] = Int64GetDatum(lease->session_id);
+	nulls[Anum_leases_session_id - 1] = !opts->session_bound;
+	if (opts->lock_delay > 0)
+	{
+		Interval   *delay = palloc0(sizeof(Interval));
+
+		delay->time = opts->lock_delay;
+		values[Anum_leases_lock_delay - 1] = IntervalPGetDatum(delay);
+	}
+	else
+		nulls[Anum_leases_lock_delay - 1] = true;
+	values[Anum_leases_hold_limit - 1] = TimestampTzGetDatum(hold_limit);
+	nulls[Anum_leases_hold_limit - 1] = (hold_limit == DT_NOEND);
+	/* before ALTER EXTENSION UPDATE, the table has only the first columns */
+	natts = Min(desc->natts, Natts_leases);
 
 	old = fetch_row(rel, k, len);
 	if (old != NULL)
@@ -667,11 +745,8 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 		 * Only non-indexed columns change: a HOT update when there is room.
 		 * A prune() that has committed since leaves TM_Deleted: insert.
 		 */
-		replace[Anum_leases_fence - 1] = true;
-		replace[Anum_leases_owner - 1] = true;
-		replace[Anum_leases_expires_at - 1] = true;
-		replace[Anum_leases_holder - 1] = true;
-		replace[Anum_leases_granted_at - 1] = true;
+		for (i = Anum_leases_fence; i <= natts; i++)
+			replace[i - 1] = !TupleDescAttr(desc, i - 1)->attisdropped;
 		tup = heap_modify_tuple(old, desc, values, nulls, replace);
 		result = heap_update(rel, &old->t_self, tup, GetCurrentCommandId(true),
 							 InvalidSnapshot, true, &tmfd, &lockmode);
@@ -688,7 +763,16 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 	}
 	if (old == NULL)
 	{
-		tup = heap_form_tuple(desc, values, nulls);
+		Datum		v[MaxTupleAttributeNumber];
+		bool		n[MaxTupleAttributeNumber];
+
+		/* the table's own shape: fewer columns before an upgrade */
+		for (i = 0; i < desc->natts; i++)
+		{
+			v[i] = i < natts ? values[i] : (Datum) 0;
+			n[i] = i < natts ? nulls[i] : true;
+		}
+		tup = heap_form_tuple(desc, v, n);
 		simple_heap_insert(rel, tup);
 		insert_index_entries(rel, tup);
 	}
@@ -746,6 +830,45 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 }
 
 /*
+ * Return every row of dlock.leases (a List of DlockLeaseRow), as of a
+ * fresh snapshot, for the views.
+ */
+List *
+dlock_storage_scan(void)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	List	   *rows = NIL;
+
+	rel = open_leases(AccessShareLock);
+	scan = systable_beginscan(rel, InvalidOid, false, SnapshotSelf, 0, NULL);
+	while (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		DlockLeaseRow *row = palloc0(sizeof(DlockLeaseRow));
+		bool		isnull;
+		Datum		d;
+
+		row_to_lease(rel, tup, &row->lease);
+		row->key = DatumGetTextPCopy(column(rel, tup, Anum_leases_key, &isnull));
+		d = column(rel, tup, Anum_leases_holder, &isnull);
+		if (!isnull)
+			row->holder = DatumGetTextPCopy(d);
+		d = column(rel, tup, Anum_leases_pid, &isnull);
+		row->has_pid = !isnull;
+		if (!isnull)
+			row->pid = DatumGetInt32(d);
+		d = column(rel, tup, Anum_leases_application_name, &isnull);
+		if (!isnull)
+			row->application_name = DatumGetTextPCopy(d);
+		rows = lappend(rows, row);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return rows;
+}
+
+/*
  * Return the keys (a List of text) whose lease was released or expired
  * before cutoff, as of a fresh snapshot.
  */
@@ -795,7 +918,10 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 	rel = open_for_change(&s);
 	old = fetch_row(rel, k, len);
 	row_to_lease(rel, old, &lease);
-	if (old != NULL && lease.expires_at < cutoff)
+	/* a lock delay still running keeps the row (and the delay) */
+	if (old != NULL && lease.expires_at < cutoff &&
+		!(lease.held && lease.lock_delay > 0 &&
+		  GetCurrentTimestamp() < lease.expires_at + lease.lock_delay))
 	{
 		TM_FailureData tmfd;
 

@@ -406,10 +406,10 @@ cmp_ok($fence_a2 || 0, '>', $fence_c, 'a granted again with a greater token');
 # The upgraded install has the objects of a fresh 0.2 install, and they
 # look the same.
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
-$node->safe_psql('fresh', 'CREATE EXTENSION dlock');
+$node->safe_psql('fresh', "CREATE EXTENSION dlock VERSION '0.2'");
 is($node->safe_psql('fresh',
 		"SELECT extversion FROM pg_extension WHERE extname = 'dlock'"),
-	'0.2', 'a fresh install is 0.2');
+	'0.2', 'a fresh install of VERSION 0.2 is 0.2');
 
 my %catalog = (
 	'extension members' => q{
