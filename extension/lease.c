@@ -176,6 +176,7 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 	bool		registered = false;
 	bool		busy_registered = false;
 	bool		queued;
+	volatile bool slept = false;
 	GrantResult r = GRANT_QUEUED;
 
 	*waited = 0;
@@ -255,6 +256,7 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 					timeout_ms = 1;
 				events |= WL_TIMEOUT;
 			}
+			slept = true;
 			(void) WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
 			ResetLatch(MyLatch);
 		}
@@ -263,7 +265,8 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 	{
 		/* a cancel, a timeout: let the next in the queue have its turn */
 		dlock_queue_leave();
-		dlock_count_wait(k, len, GetCurrentTimestamp() - start);
+		if (slept)
+			dlock_count_wait(k, len, GetCurrentTimestamp() - start);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
