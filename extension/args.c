@@ -37,6 +37,8 @@ dlock_no_parallel(FunctionCallInfo fcinfo)
 				 errmsg("cannot call %s() during a parallel operation",
 						get_func_name(fcinfo->flinfo->fn_oid)),
 				 errhint("A function that calls it must be marked PARALLEL UNSAFE.")));
+	/* every SQL-callable function comes here first (see dlock.c) */
+	dlock_settings_check();
 }
 
 /*

@@ -17,11 +17,22 @@
 
 #include <limits.h>
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/pg_db_role_setting.h"
+#include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/guc.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 
 #include "dlock.h"
 
@@ -45,6 +56,117 @@ int			dlock_stats_max = 5000;
 bool		dlock_log_events = false;
 
 void		_PG_init(void);
+
+/*
+ * Loaded after the connection started (not preloaded), the module must
+ * apply the administrator's ALTER ROLE / ALTER DATABASE ... SET dlock.*
+ * values once more, in a transaction that commits: see
+ * dlock_settings_check.  True once done, or when preloaded.
+ */
+static bool settings_applied = false;
+static bool settings_pending = false;
+
+/*
+ * Apply the dlock.* entries of the pg_db_role_setting row of (db, role) at
+ * source, as the backend did for every setting when the connection
+ * started.  A value of a higher source (a SET, a superuser's startup
+ * option) stays in force.
+ */
+static void
+apply_settings(Relation rel, Snapshot snapshot, Oid db, Oid role,
+			   GucSource source)
+{
+	ScanKeyData keys[2];
+	SysScanDesc scan;
+	HeapTuple	tup;
+
+	ScanKeyInit(&keys[0], Anum_pg_db_role_setting_setdatabase,
+				BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(db));
+	ScanKeyInit(&keys[1], Anum_pg_db_role_setting_setrole,
+				BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
+	scan = systable_beginscan(rel, DbRoleSettingDatidRolidIndexId, true,
+							  snapshot, 2, keys);
+	while (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, Anum_pg_db_role_setting_setconfig,
+									 RelationGetDescr(rel), &isnull);
+		Datum	   *elems;
+		bool	   *nulls;
+		int			n;
+		int			i;
+
+		if (isnull)
+			continue;
+		deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false,
+						  TYPALIGN_INT, &elems, &nulls, &n);
+		for (i = 0; i < n; i++)
+		{
+			char	   *item;
+			char	   *eq;
+
+			if (nulls[i])
+				continue;
+			item = TextDatumGetCString(elems[i]);
+			eq = strchr(item, '=');
+			if (eq == NULL || strncmp(item, "dlock.", 6) != 0)
+				continue;
+			*eq = '\0';
+			(void) set_config_option(item, eq + 1, PGC_SUSET, source,
+									 GUC_ACTION_SET, true, 0, false);
+		}
+	}
+	systable_endscan(scan);
+}
+
+/*
+ * PostgreSQL 15 keeps a value given for dlock.* before the module is
+ * loaded as a placeholder; a startup option (PGOPTIONS) of an ordinary
+ * role replaces the placeholder that ALTER ROLE or ALTER DATABASE ... SET
+ * made, and when the module loads, the role's value is refused (it may
+ * not set it) and the setting falls back to its default: a cap such as
+ * dlock.max_hold would be lifted.  So, not preloaded, we apply those
+ * settings again before the first use, in the order and with the sources
+ * that the connection's start used.  Until a transaction that did so
+ * commits, every dlock call does it again (an abort would undo it).
+ * Settings from postgresql.conf are not reapplied: preload dlock to have
+ * them enforced from the connection's start.
+ */
+void
+dlock_settings_check(void)
+{
+	Relation	rel;
+	Snapshot	snapshot;
+	Oid			role = GetSessionUserId();
+
+	if (settings_applied || settings_pending || !IsTransactionState() ||
+		!OidIsValid(MyDatabaseId))
+		return;
+	rel = table_open(DbRoleSettingRelationId, AccessShareLock);
+	snapshot = RegisterSnapshot(GetCatalogSnapshot(DbRoleSettingRelationId));
+	apply_settings(rel, snapshot, MyDatabaseId, role, PGC_S_DATABASE_USER);
+	apply_settings(rel, snapshot, InvalidOid, role, PGC_S_USER);
+	apply_settings(rel, snapshot, MyDatabaseId, InvalidOid, PGC_S_DATABASE);
+	apply_settings(rel, snapshot, InvalidOid, InvalidOid, PGC_S_GLOBAL);
+	UnregisterSnapshot(snapshot);
+	table_close(rel, AccessShareLock);
+	settings_pending = true;
+}
+
+/* Settle settings_applied at the end of the transaction that applied them. */
+static void
+settings_xact_callback(XactEvent event, void *arg)
+{
+	if (!settings_pending)
+		return;
+	if (event == XACT_EVENT_COMMIT)
+	{
+		settings_applied = true;
+		settings_pending = false;
+	}
+	else if (event == XACT_EVENT_ABORT)
+		settings_pending = false;
+}
 
 /* Define the settings, then reserve the prefix for them. */
 void
@@ -118,7 +240,12 @@ _PG_init(void)
 	MarkGUCPrefixReserved("dlock");
 
 	if (process_shared_preload_libraries_in_progress)
+	{
+		settings_applied = true;	/* defined before any connection */
 		dlock_shmem_init();
+	}
+	else
+		RegisterXactCallback(settings_xact_callback, NULL);
 
 	dlock_keylock_init();
 	dlock_storage_init();

@@ -102,6 +102,7 @@ extern bool dlock_fence_bypass;
 extern int	dlock_max_hold_ms;
 extern int	dlock_stats_max;
 extern bool dlock_log_events;
+extern void dlock_settings_check(void);
 
 /* lease.c */
 extern DlockLeaseState dlock_lease_state(const DlockLease *lease,
@@ -138,6 +139,7 @@ extern void dlock_wait_unregister(const char *key, int len, bool busy);
 extern uint64 dlock_key_hash(const char *key, int len);
 extern int64 dlock_session_mark(const char *key, int len);
 extern bool dlock_session_alive(int64 session_id);
+extern bool dlock_key_locked_by_me(const char *key, int len);
 
 /* storage.c */
 extern void dlock_storage_init(void);

@@ -240,13 +240,19 @@ keylock_release_callback(ResourceReleasePhase phase, bool isCommit,
 		touched = NULL;			/* its memory goes with the transaction */
 }
 
+static void session_mark_check(void);
+
 /*
  * Refuse PREPARE TRANSACTION when the transaction holds key locks: their
- * release by COMMIT PREPARED would wake nobody.
+ * release by COMMIT PREPARED would wake nobody.  At the end of every
+ * transaction, notice a session mark given up by DISCARD ALL or
+ * pg_advisory_unlock_all().
  */
 static void
 keylock_xact_callback(XactEvent event, void *arg)
 {
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT)
+		session_mark_check();
 	if (event == XACT_EVENT_PRE_PREPARE && touched != NULL &&
 		touched_lxid == MyProc->lxid && hash_get_num_entries(touched) > 0)
 		ereport(ERROR,
@@ -414,6 +420,42 @@ mark_locktag(LOCKTAG *tag, int64 mark)
 }
 
 /*
+ * Forget the session mark (given up already) and wake the waiters of every
+ * key this connection took session-bound: their leases have ended.
+ */
+static void
+session_mark_lost(void)
+{
+	HASH_SEQ_STATUS status;
+	uint64	   *h;
+
+	session_mark = 0;
+	if (bound_keys == NULL)
+		return;
+	hash_seq_init(&status, bound_keys);
+	while ((h = hash_seq_search(&status)) != NULL)
+		wake_hash(*h, true);
+	hash_destroy(bound_keys);
+	bound_keys = NULL;
+}
+
+/*
+ * At the end of a transaction: if DISCARD ALL or pg_advisory_unlock_all()
+ * gave up the session mark, its leases have ended; wake their waiters.
+ */
+static void
+session_mark_check(void)
+{
+	LOCKTAG		tag;
+
+	if (session_mark == 0)
+		return;
+	mark_locktag(&tag, session_mark);
+	if (!LockHeldByMe(&tag, ExclusiveLock))
+		session_mark_lost();
+}
+
+/*
  * At exit, give up the session mark and wake the waiters of every key this
  * connection took session-bound: their leases end now, not at their TTL.
  * Runs before the backend's locks are released in general, so the mark is
@@ -423,20 +465,13 @@ static void
 session_exit(int code, Datum arg)
 {
 	LOCKTAG		tag;
-	HASH_SEQ_STATUS status;
-	uint64	   *h;
 
 	if (session_mark == 0)
 		return;
 	mark_locktag(&tag, session_mark);
 	if (LockHeldByMe(&tag, ExclusiveLock))
 		LockRelease(&tag, ExclusiveLock, true);
-	session_mark = 0;
-	if (bound_keys == NULL)
-		return;
-	hash_seq_init(&status, bound_keys);
-	while ((h = hash_seq_search(&status)) != NULL)
-		wake_hash(*h, true);
+	session_mark_lost();
 }
 
 /*
@@ -451,12 +486,7 @@ dlock_session_mark(const char *key, int len)
 	uint64		h = key_hash(key, len);
 	bool		found;
 
-	if (session_mark != 0)
-	{
-		mark_locktag(&tag, session_mark);
-		if (!LockHeldByMe(&tag, ExclusiveLock))
-			session_mark = 0;
-	}
+	session_mark_check();
 	if (session_mark == 0)
 	{
 		int64		mark;
@@ -514,4 +544,20 @@ dlock_session_alive(int64 mark)
 		return true;
 	LockRelease(&tag, ShareLock, false);
 	return false;
+}
+
+/*
+ * Does this transaction hold key's lock in any mode (it granted, renews,
+ * releases or writes under the key)?
+ */
+bool
+dlock_key_locked_by_me(const char *key, int len)
+{
+	LOCKTAG		tag;
+
+	hash_locktag(&tag, key_hash(key, len), DLOCK_SPACE_KEY);
+	return LockHeldByMe(&tag, ExclusiveLock) ||
+		LockHeldByMe(&tag, ShareLock) ||
+		LockHeldByMe(&tag, RowShareLock) ||
+		LockHeldByMe(&tag, RowExclusiveLock);
 }

@@ -57,10 +57,11 @@ dlock_lease_state(const DlockLease *lease, TimestampTz now)
 		return DLOCK_NO_ROW;
 	if (!lease->held)
 		return DLOCK_RELEASED;
-	if (lease->expires_at <= now)
-		return DLOCK_EXPIRED;
+	/* the connection first: no lock delay after it ended (blocked_until) */
 	if (lease->session_id != 0 && !dlock_session_alive(lease->session_id))
 		return DLOCK_DISCONNECTED;
+	if (lease->expires_at <= now)
+		return DLOCK_EXPIRED;
 	return DLOCK_LIVE;
 }
 
@@ -119,9 +120,12 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 	TimestampTz hold_limit = DT_NOEND;
 	DlockLease	prev;
 
-	/* a refusal needs no lock */
+	/*
+	 * A refusal needs no lock.  (Nor is an expiry counted from this look:
+	 * a renewal may be in flight, and the look under the lock is exact.)
+	 */
 	dlock_read_lease(k, len, lease);
-	*until = blocked_until(lease, look(k, len, lease, now), now);
+	*until = blocked_until(lease, dlock_lease_state(lease, now), now);
 	if (*until != 0)
 		return GRANT_HELD;
 	if (!dlock_lock_for_grant(k, len))
@@ -129,7 +133,7 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 	/* read again: a grant may have committed since the first look */
 	dlock_read_lease(k, len, lease);
 	now = GetCurrentTimestamp();
-	*until = blocked_until(lease, dlock_lease_state(lease, now), now);
+	*until = blocked_until(lease, look(k, len, lease, now), now);
 	if (*until != 0)
 	{
 		dlock_unlock_grant(k, len);
@@ -175,12 +179,20 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 	TimestampTz busy_since = 0;
 	bool		registered = false;
 	bool		busy_registered = false;
-	bool		queued;
+	bool		queued = false;
 	volatile bool slept = false;
 	GrantResult r = GRANT_QUEUED;
 
 	*waited = 0;
-	queued = dlock_queue_enter(dlock_key_hash(k, len));
+
+	/*
+	 * A transaction that holds the key's lock already (it granted the key,
+	 * or writes under it) does not queue: a waiter ahead of it would wait
+	 * for that lock while it waits for the waiter.  Nobody ahead of it can
+	 * be granted the key before this transaction ends anyway.
+	 */
+	if (!dlock_key_locked_by_me(k, len))
+		queued = dlock_queue_enter(dlock_key_hash(k, len));
 	PG_TRY();
 	{
 		for (;;)
@@ -270,6 +282,8 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	if (slept)
+		*waited = GetCurrentTimestamp() - start;
 	if (busy_registered)
 		dlock_wait_unregister(k, len, true);
 	if (registered)

@@ -306,12 +306,13 @@ evict(void)
 }
 
 /*
- * Return the entry of k, creating it when there is none.  On return
+ * Return the entry of k, creating it when there is none (unless
+ * may_evict is false and the table is full: then NULL).  On return
  * stats_lock is held, shared or exclusive; the caller releases it.
- * Returns NULL (lock still held) only if the table has no room left.
+ * Returns NULL (lock still held) also if the table has no room left.
  */
 static StatsEntry *
-entry_for(const StatsKey *k)
+entry_for(const StatsKey *k, bool may_evict)
 {
 	StatsEntry *e;
 	bool		found;
@@ -323,7 +324,12 @@ entry_for(const StatsKey *k)
 	LWLockRelease(shared->stats_lock);
 	LWLockAcquire(shared->stats_lock, LW_EXCLUSIVE);
 	if (!k->total && shared->nkeys >= dlock_stats_max)
+	{
+		e = hash_search(stats_htab, k, HASH_FIND, NULL);
+		if (e != NULL || !may_evict)
+			return e;
 		evict();
+	}
 	e = hash_search(stats_htab, k, HASH_ENTER_NULL, &found);
 	if (e != NULL && !found)
 	{
@@ -350,10 +356,14 @@ make_key(StatsKey *k, const char *key, int len, bool total)
 /*
  * Add d to key's counters and to its database's totals.  With ended_fence
  * (a lease's token), only if that lease's end has not been counted yet;
- * return whether it was counted.
+ * return whether it was counted.  Without may_evict, a key that has no
+ * entry while the table is full is not counted at all: a read of the
+ * views notices expiries of every key, and must not evict the keys whose
+ * entries remember that an expiry was counted, to count it again.
  */
 static bool
-record(const char *key, int len, const Counters *d, int64 ended_fence)
+record(const char *key, int len, const Counters *d, int64 ended_fence,
+	   bool may_evict)
 {
 	StatsKey	k;
 	StatsEntry *e;
@@ -362,7 +372,12 @@ record(const char *key, int len, const Counters *d, int64 ended_fence)
 	if (!dlock_shmem_ready())
 		return ended_fence == 0;
 	make_key(&k, key, len, false);
-	e = entry_for(&k);
+	e = entry_for(&k, may_evict);
+	if (e == NULL && !may_evict)
+	{
+		LWLockRelease(shared->stats_lock);
+		return false;
+	}
 	if (e != NULL)
 	{
 		SpinLockAcquire(&e->mutex);
@@ -382,7 +397,7 @@ record(const char *key, int len, const Counters *d, int64 ended_fence)
 		return false;
 
 	make_key(&k, NULL, 0, true);
-	e = entry_for(&k);
+	e = entry_for(&k, true);
 	if (e != NULL)
 	{
 		SpinLockAcquire(&e->mutex);
@@ -417,7 +432,7 @@ dlock_count(const char *key, int len, DlockEvent ev)
 			d.refused = 1;
 			break;
 	}
-	(void) record(key, len, &d, 0);
+	(void) record(key, len, &d, 0, true);
 }
 
 /* Count an acquire that waited usecs microseconds (granted or not). */
@@ -429,7 +444,7 @@ dlock_count_wait(const char *key, int len, int64 usecs)
 	d.contended = 1;
 	d.wait_total = usecs;
 	d.wait_max = usecs;
-	(void) record(key, len, &d, 0);
+	(void) record(key, len, &d, 0, true);
 }
 
 /* ---------------------------------------------------------------------
@@ -559,11 +574,11 @@ held_until_end(const DlockLease *lease, TimestampTz now)
  * Note that *lease (held, not live, in state) has ended without a release:
  * count and log its expiry, once per lease.  Called wherever dlock reads a
  * key and finds its lease ended: a grant, renew, release or fenced write of
- * the key, or a read of the views.
+ * the key (dlock_notice_end), or a read of the views (from_view).
  */
-void
-dlock_notice_end(const char *key, int len, const DlockLease *lease,
-				 DlockLeaseState state, TimestampTz now)
+static void
+notice_end(const char *key, int len, const DlockLease *lease,
+		   DlockLeaseState state, TimestampTz now, bool from_view)
 {
 	Counters	d = {0};
 	int64		held;
@@ -578,8 +593,15 @@ dlock_notice_end(const char *key, int len, const DlockLease *lease,
 	d.holds = 1;
 	d.hold_total = held;
 	d.hold_max = held;
-	if (record(key, len, &d, lease->fence))
+	if (record(key, len, &d, lease->fence, !from_view))
 		log_expired(key, len, lease, state, held);
+}
+
+void
+dlock_notice_end(const char *key, int len, const DlockLease *lease,
+				 DlockLeaseState state, TimestampTz now)
+{
+	notice_end(key, len, lease, state, now, false);
 }
 
 /*
@@ -606,7 +628,7 @@ dlock_count_grant(const char *key, int len, const DlockLease *prev,
 	}
 	d.acquired = 1;
 	d.taken_over = takeover ? 1 : 0;
-	(void) record(key, len, &d, 0);
+	(void) record(key, len, &d, 0, true);
 
 	if (dlock_log_events)
 	{
@@ -642,7 +664,7 @@ dlock_count_release(const char *key, int len, const DlockLease *lease,
 	d.holds = 1;
 	d.hold_total = held;
 	d.hold_max = held;
-	(void) record(key, len, &d, 0);
+	(void) record(key, len, &d, 0, true);
 
 	if (dlock_log_events)
 	{
@@ -915,9 +937,9 @@ notice_rows(List *rows, TimestampTz now)
 		DlockLeaseRow *row = lfirst(lc);
 
 		if (row->lease.held)
-			dlock_notice_end(VARDATA_ANY(row->key), VARSIZE_ANY_EXHDR(row->key),
-							 &row->lease, dlock_lease_state(&row->lease, now),
-							 now);
+			notice_end(VARDATA_ANY(row->key), VARSIZE_ANY_EXHDR(row->key),
+					   &row->lease, dlock_lease_state(&row->lease, now),
+					   now, true);
 	}
 }
 
@@ -1080,8 +1102,8 @@ dlock_lease_status(PG_FUNCTION_ARGS)
 		values[9] = BoolGetDatum(row->lease.session_id != 0);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		if (row->lease.held && state != DLOCK_LIVE)
-			dlock_notice_end(VARDATA_ANY(row->key), VARSIZE_ANY_EXHDR(row->key),
-							 &row->lease, state, now);
+			notice_end(VARDATA_ANY(row->key), VARSIZE_ANY_EXHDR(row->key),
+					   &row->lease, state, now, true);
 	}
 	return (Datum) 0;
 }

@@ -497,6 +497,7 @@ dlock_fence_guard(PG_FUNCTION_ARGS)
 				 errdetail("It was called as a plain function."),
 				 errhint("Attach it with CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('key-{column}').")));
 
+	dlock_settings_check();
 	trigger = trigdata->tg_trigger;
 	rel = trigdata->tg_relation;
 	desc = RelationGetDescr(rel);
