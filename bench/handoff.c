@@ -330,7 +330,8 @@ main(int argc, char **argv)
 	size_t		n = 0, nho = 0, regrants = 0, negative = 0;
 	Rec		   *recs;
 	double	   *waits, *ho, ho_sum = 0, cpu0, cpu1, wall;
-	int64_t		start, end;
+	int64_t		start, end, min_t0 = INT64_MAX;
+	size_t		overtakes = 0;
 	struct rusage ru;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1)
@@ -424,6 +425,17 @@ main(int argc, char **argv)
 		negative += ho[nho] < 0;
 		ho_sum += ho[nho++];
 	}
+	/*
+	 * A grant overtook a waiter if a later grant's acquire was sent earlier.
+	 * The clients' first acquires all start at once: they do not count.
+	 */
+	for (size_t i = n; i-- > 0;)
+	{
+		if (recs[i].t0 > min_t0)
+			overtakes += recs[i].t0 > recs[0].t1;
+		else
+			min_t0 = recs[i].t0;
+	}
 	qsort(waits, n, sizeof(double), cmp_double);
 	qsort(ho, nho, sizeof(double), cmp_double);
 	wall = (end - start) / 1e9;
@@ -432,6 +444,7 @@ main(int argc, char **argv)
 	printf("cycles %zu\n", n);
 	printf("grants_per_s %.1f\n", n / wall);
 	printf("regrants %zu\n", regrants);
+	printf("overtakes %zu\n", overtakes);
 	printf("handoffs %zu\n", nho);
 	printf("handoff_negative %zu\n", negative);
 	printf("handoff_p50_ms %.3f\n", pct(ho, nho, 0.50));
@@ -442,6 +455,7 @@ main(int argc, char **argv)
 	printf("wait_max_ms %.3f\n", pct(waits, n, 1.0));
 	printf("wait_max_holds %.1f\n",
 		   pct(waits, n, 1.0) / (hold_ms + (nho ? ho_sum / nho : 0)));
+	printf("wait_max_cycles %.1f\n", n ? pct(waits, n, 1.0) / (wall * 1000 / n) : NAN);
 	printf("backend_cpu_per_wall %.3f\n", (cpu1 - cpu0) / wall);
 	printf("backend_cpu_ms_per_grant %.3f\n", n ? (cpu1 - cpu0) * 1000 / n : NAN);
 	printf("client_cpu_per_wall %.3f\n",
