@@ -20,14 +20,24 @@ DATA = extension/dlock--0.1.sql extension/dlock--0.2.sql \
 	extension/dlock--0.1--0.2.sql extension/dlock--0.2--0.3.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
-REGRESS = lease_api lease_errors fence_trigger trust
+REGRESS = lease_api lease_errors fence_trigger trust operate
 REGRESS_OPTS = --inputdir=. --load-extension=dlock
 ISOLATION = acquire_race stale_owner repeatable_read \
 	fence_takeover fence_stale_write fence_isolation fence_two_keys \
 	fence_savepoint renew_shortening no_wait_for_strangers \
-	renew_in_flight
+	renew_in_flight lock_delay session_bound_release
 ISOLATION_OPTS = --load-extension=dlock
 TAP_TESTS = 1
+
+# Tests that need shared_preload_libraries = 'dlock' (counters, FIFO
+# queues).  tools/test runs them on its cluster restarted with it:
+# make installcheck REGRESS="$(PRELOADED_REGRESS)" ISOLATION= TAP_TESTS= ...
+PRELOADED_REGRESS = stats
+PRELOADED_ISOLATION = fifo_order
+
+# print-VAR: print a variable (tools/test reads the lists above)
+print-%:
+	@echo '$($*)'
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
