@@ -36,7 +36,9 @@
 #include <math.h>
 #include <sys/stat.h>
 
+#include "catalog/pg_control.h"
 #include "commands/dbcommands.h"
+#include "common/controldata_utils.h"
 #include "common/hashfn.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -731,7 +733,9 @@ error:
 
 /*
  * Read the counters saved by the last clean shutdown, then remove the
- * file: after a crash, nothing stale comes back.  Keys beyond
+ * file: after a crash, nothing stale comes back.  Runs in the postmaster
+ * before the startup process, so the control file still tells how the
+ * server last stopped.  Keys beyond
  * dlock.stats_max are dropped (they are in their totals).
  */
 static void
@@ -741,6 +745,23 @@ load_stats(void)
 	uint32		header;
 	int32		n;
 	int32		i;
+
+	ControlFileData *control;
+	bool		crc_ok;
+
+	/*
+	 * After an immediate shutdown the postmaster exits cleanly and the
+	 * file was written, but the server crashed as far as the data is
+	 * concerned (recovery follows), and core's statistics are discarded
+	 * then: so are ours.
+	 */
+	control = get_controlfile(DataDir, &crc_ok);
+	if (!crc_ok || (control->state != DB_SHUTDOWNED &&
+					control->state != DB_SHUTDOWNED_IN_RECOVERY))
+	{
+		unlink(STATS_FILE);
+		return;
+	}
 
 	file = AllocateFile(STATS_FILE, PG_BINARY_R);
 	if (file == NULL)
