@@ -92,6 +92,8 @@ dlock_key_arg(FunctionCallInfo fcinfo, int argno)
 char *
 dlock_interval_text(FunctionCallInfo fcinfo, int argno)
 {
+	if (PG_ARGISNULL(argno))
+		return pstrdup("no limit");
 	return DatumGetCString(DirectFunctionCall1(interval_out,
 											   PG_GETARG_DATUM(argno)));
 }

@@ -109,7 +109,8 @@ apply_settings(Relation rel, Snapshot snapshot, Oid db, Oid role,
 				continue;
 			item = TextDatumGetCString(elems[i]);
 			eq = strchr(item, '=');
-			if (eq == NULL || strncmp(item, "dlock.", 6) != 0)
+			/* names are case-insensitive, and kept as the admin typed them */
+			if (eq == NULL || pg_strncasecmp(item, "dlock.", 6) != 0)
 				continue;
 			*eq = '\0';
 			(void) set_config_option(item, eq + 1, PGC_SUSET, source,

@@ -139,7 +139,13 @@ extern void dlock_wait_unregister(const char *key, int len, bool busy);
 extern uint64 dlock_key_hash(const char *key, int len);
 extern int64 dlock_session_mark(const char *key, int len);
 extern bool dlock_session_alive(int64 session_id);
-extern bool dlock_key_locked_by_me(const char *key, int len);
+typedef enum DlockKeyLockHeld
+{
+	DLOCK_HELD_NONE,
+	DLOCK_HELD_GRANT,			/* the grant lock: this transaction granted it */
+	DLOCK_HELD_OTHER			/* a writer's or an owner op's mode */
+} DlockKeyLockHeld;
+extern DlockKeyLockHeld dlock_key_lock_held(const char *key, int len);
 
 /* storage.c */
 extern void dlock_storage_init(void);

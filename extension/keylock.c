@@ -547,17 +547,20 @@ dlock_session_alive(int64 mark)
 }
 
 /*
- * Does this transaction hold key's lock in any mode (it granted, renews,
- * releases or writes under the key)?
+ * Which of key's locks does this transaction hold: its grant lock, another
+ * mode (it writes under the key, renews or releases it), or none?
  */
-bool
-dlock_key_locked_by_me(const char *key, int len)
+DlockKeyLockHeld
+dlock_key_lock_held(const char *key, int len)
 {
 	LOCKTAG		tag;
 
 	hash_locktag(&tag, key_hash(key, len), DLOCK_SPACE_KEY);
-	return LockHeldByMe(&tag, ExclusiveLock) ||
-		LockHeldByMe(&tag, ShareLock) ||
+	if (LockHeldByMe(&tag, ExclusiveLock))
+		return DLOCK_HELD_GRANT;
+	if (LockHeldByMe(&tag, ShareLock) ||
 		LockHeldByMe(&tag, RowShareLock) ||
-		LockHeldByMe(&tag, RowExclusiveLock);
+		LockHeldByMe(&tag, RowExclusiveLock))
+		return DLOCK_HELD_OTHER;
+	return DLOCK_HELD_NONE;
 }

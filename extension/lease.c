@@ -186,13 +186,36 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 	*waited = 0;
 
 	/*
-	 * A transaction that holds the key's lock already (it granted the key,
-	 * or writes under it) does not queue: a waiter ahead of it would wait
-	 * for that lock while it waits for the waiter.  Nobody ahead of it can
-	 * be granted the key before this transaction ends anyway.
+	 * A transaction that granted the key already does not queue: a waiter
+	 * ahead of it would wait for its grant lock while it waits for the
+	 * waiter, and nobody can be granted the key before this transaction
+	 * ends anyway.  One that holds the key's lock in another mode (it
+	 * writes under the key, renewed or released it) would make the head
+	 * of the queue find the key busy just the same, and win every time:
+	 * while others queue, it gives up at once instead (55P03).
 	 */
-	if (!dlock_key_locked_by_me(k, len))
-		queued = dlock_queue_enter(dlock_key_hash(k, len));
+	switch (dlock_key_lock_held(k, len))
+	{
+		case DLOCK_HELD_GRANT:
+			break;
+		case DLOCK_HELD_OTHER:
+			if (dlock_queue_others(dlock_key_hash(k, len)))
+			{
+				dlock_count_wait(k, len, 0);
+				dlock_count(k, len, DLOCK_EV_TIMEOUT);
+				ereport(ERROR,
+						(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+						 errmsg("cannot wait for the lease on \"%s\" in a transaction that holds the key",
+								text_to_cstring(key)),
+						 errdetail("This transaction writes under the key, or renewed or released its lease, and other acquirers are waiting for the key: they would find it busy until this transaction ends."),
+						 errhint("Commit first, then call acquire() in a new transaction.")));
+			}
+			queued = dlock_queue_enter(dlock_key_hash(k, len));
+			break;
+		case DLOCK_HELD_NONE:
+			queued = dlock_queue_enter(dlock_key_hash(k, len));
+			break;
+	}
 	PG_TRY();
 	{
 		for (;;)

@@ -308,27 +308,27 @@ evict(void)
 }
 
 /*
- * Return the entry of k, creating it when there is none (unless
- * may_evict is false and the table is full: then NULL).  On return
- * stats_lock is held, shared or exclusive; the caller releases it.
- * Returns NULL (lock still held) also if the table has no room left.
+ * Return the entry of k, creating it when there is none and may_create.
+ * On return stats_lock is held, shared or exclusive; the caller releases
+ * it.  Returns NULL (lock still held) when there is no entry and it may
+ * not create one, or the table has no room left.
  */
 static StatsEntry *
-entry_for(const StatsKey *k, bool may_evict)
+entry_for(const StatsKey *k, bool may_create)
 {
 	StatsEntry *e;
 	bool		found;
 
 	LWLockAcquire(shared->stats_lock, LW_SHARED);
 	e = hash_search(stats_htab, k, HASH_FIND, NULL);
-	if (e != NULL)
+	if (e != NULL || !may_create)
 		return e;
 	LWLockRelease(shared->stats_lock);
 	LWLockAcquire(shared->stats_lock, LW_EXCLUSIVE);
 	if (!k->total && shared->nkeys >= dlock_stats_max)
 	{
 		e = hash_search(stats_htab, k, HASH_FIND, NULL);
-		if (e != NULL || !may_evict)
+		if (e != NULL)
 			return e;
 		evict();
 	}
@@ -358,14 +358,17 @@ make_key(StatsKey *k, const char *key, int len, bool total)
 /*
  * Add d to key's counters and to its database's totals.  With ended_fence
  * (a lease's token), only if that lease's end has not been counted yet;
- * return whether it was counted.  Without may_evict, a key that has no
- * entry while the table is full is not counted at all: a read of the
- * views notices expiries of every key, and must not evict the keys whose
- * entries remember that an expiry was counted, to count it again.
+ * return whether it was counted.  Without may_create, a key that has no
+ * entry is not counted at all: a read of the views notices expiries of
+ * every key, and must neither evict the entries that remember which
+ * expiries were counted nor recreate evicted ones, which would count
+ * those expiries again on every read.  (The next grant, renew, release
+ * or write of such a key counts its expiry: at most once more after an
+ * eviction.)
  */
 static bool
 record(const char *key, int len, const Counters *d, int64 ended_fence,
-	   bool may_evict)
+	   bool may_create)
 {
 	StatsKey	k;
 	StatsEntry *e;
@@ -374,8 +377,8 @@ record(const char *key, int len, const Counters *d, int64 ended_fence,
 	if (!dlock_shmem_ready())
 		return ended_fence == 0;
 	make_key(&k, key, len, false);
-	e = entry_for(&k, may_evict);
-	if (e == NULL && !may_evict)
+	e = entry_for(&k, may_create);
+	if (e == NULL && !may_create)
 	{
 		LWLockRelease(shared->stats_lock);
 		return false;

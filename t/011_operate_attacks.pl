@@ -14,7 +14,11 @@
 #    at once, also when nobody looked at it before its TTL passed.
 # e. acquire()'s wait time in dlock.stats includes its last sleep.
 # f. With more expired keys than dlock.stats_max, reading the views again
-#    and again does not count the same expiries again.
+#    and again does not count the same expiries again, also when other keys
+#    keep evicting entries in between.
+# g. (a) also when the administrator spelled the setting with capitals.
+# h. A transaction that released the key, or writes under it, cannot jump
+#    the FIFO queue with acquire(): 55P03 at once, and the waiter gets it.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -49,6 +53,19 @@ my ($rc, $out, $err) = as_worker_lifting(q{
 is($out, "1\nt\n2s", 'PGOPTIONS of an ordinary role does not lift ALTER ROLE SET dlock.max_hold');
 like($err, qr/permission denied to set parameter "dlock.max_hold"/,
 	'the refused startup value is reported');
+
+$plain->safe_psql('postgres', q{
+	CREATE ROLE worker2 LOGIN;
+	ALTER ROLE worker2 SET "Dlock.Max_Hold" = '3s';
+});
+{
+	local $ENV{PGOPTIONS} = '-c dlock.max_hold=0';
+	($rc, $out, $err) = $plain->psql('postgres', q{
+		SELECT count(*) FROM dlock.try_acquire('g:1', '1 hour');
+		SELECT expires_at - granted_at = '3s' FROM dlock.lease_status WHERE key = 'g:1';
+	}, extra_params => [ '-U', 'worker2' ], on_error_stop => 0);
+}
+is($out, "1\nt", 'g: a cap set as "Dlock.Max_Hold" is not lifted either');
 
 ($rc, $out, $err) = as_worker_lifting(q{
 	BEGIN;
@@ -184,6 +201,61 @@ ok($expired[-1] <= 300, "expiries counted at most once per lease (@expired)");
 is($expired[0], $expired[-1], 'repeated reads of the views count nothing new');
 cmp_ok( $node->safe_psql('many', 'SELECT count(*) FROM dlock.stats WHERE key IS NOT NULL'),
 	'<=', 100, 'at most dlock.stats_max keys have rows');
+
+# f, again: other keys' activity evicts entries between the reads
+for (1 .. 3)
+{
+	$node->safe_psql('many', q{
+		SELECT count(dlock.release(key, owner))
+		FROM generate_series(301, 450) i, dlock.try_acquire('fx:' || i, '1 hour')});
+	$node->safe_psql('many', 'SELECT count(*) FROM dlock.lease_status');
+	push @expired, $node->safe_psql('many',
+		'SELECT expired FROM dlock.stats WHERE key IS NULL');
+}
+is($expired[-1], $expired[3], "evictions in between: still nothing counted again (@expired)");
+
+# h. No jumping the queue from a transaction holding the key's lock.
+$node->safe_psql('postgres', q{
+	CREATE TABLE h_owner AS SELECT owner, fence FROM dlock.try_acquire('h:1', '1 hour')});
+my ($hw, $hwpid) = session();
+$hw->query_until(qr/waiting/, q{
+	\echo waiting
+	SELECT count(*) AS hw_granted FROM dlock.acquire('h:1', '1 hour', wait => '60s');
+});
+sleeping($hwpid, 'h: a waiter queued for a held key');
+($rc, $out, $err) = $node->psql('postgres', q{
+	BEGIN;
+	SELECT dlock.release('h:1', owner) FROM h_owner;
+	SELECT count(*) FROM dlock.acquire('h:1', '1 hour');
+	COMMIT;
+});
+like($err, qr/cannot wait for the lease on "h:1" in a transaction that holds the key/,
+	'h: release + acquire in one transaction does not jump the queue');
+$node->safe_psql('postgres', q{SELECT dlock.release('h:1', owner) FROM h_owner});
+ok( $node->poll_query_until('postgres',
+		"SELECT pid = $hwpid FROM dlock.lease_status WHERE key = 'h:1' AND state = 'held'"),
+	'h: the waiter gets the key');
+$hw->quit;
+# a stranger presenting the (public) current token cannot jump it either
+$node->safe_psql('postgres', q{
+	SELECT dlock.release(key, owner) FROM dlock.leases WHERE key = 'h:1';
+	SELECT fence FROM dlock.try_acquire('h:1', '1 hour')});
+($hw, $hwpid) = session();
+$hw->query_until(qr/waiting/, q{
+	\echo waiting
+	SELECT count(*) AS hw_granted FROM dlock.acquire('h:1', '1 hour', wait => '60s');
+});
+sleeping($hwpid, 'h: another waiter queued');
+($rc, $out, $err) = $node->psql('postgres', q{
+	BEGIN;
+	SELECT dlock.use_fence('h:1', fence) FROM dlock.lease_status WHERE key = 'h:1';
+	SELECT count(*) FROM dlock.acquire('h:1', '1 hour');
+	COMMIT;
+});
+like($err, qr/cannot wait for the lease on "h:1" in a transaction that holds the key/,
+	'h: use_fence + acquire does not jump the queue');
+$node->safe_psql('postgres', "SELECT pg_cancel_backend($hwpid)");
+$hw->quit;
 
 # no backend crashed or failed an assertion on the way
 my $log = slurp_file($node->logfile);
