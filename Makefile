@@ -42,3 +42,31 @@ print-%:
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# The command-line client (client/, its own PGXS Makefile: PGXS allows one
+# PROGRAM or MODULE_big per Makefile).  Prerequisites only, so that "all"
+# stays the default goal and PGXS's own recipes stay as they are.
+all: all-client
+install: install-client
+clean: clean-client
+installcheck: all-client
+
+.PHONY: all-client install-client clean-client
+
+all-client:
+	$(MAKE) -C client PG_CONFIG=$(PG_CONFIG)
+
+install-client: all-client
+	$(MAKE) -C client PG_CONFIG=$(PG_CONFIG) install
+
+clean-client:
+	$(MAKE) -C client PG_CONFIG=$(PG_CONFIG) clean
+
+# make dist: the release tarball (for PGXN: META.json is at the top) of
+# what is committed at HEAD, as dlock-VERSION.zip and .tar.gz.
+DIST_VERSION := $(shell sed -n 's/^ *"version": "\(.*\)",$$/\1/p' META.json | head -n 1)
+
+.PHONY: dist
+dist:
+	git archive --format=zip --prefix=dlock-$(DIST_VERSION)/ -o dlock-$(DIST_VERSION).zip HEAD
+	git archive --format=tar.gz --prefix=dlock-$(DIST_VERSION)/ -o dlock-$(DIST_VERSION).tar.gz HEAD
