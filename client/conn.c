@@ -179,34 +179,6 @@ notice_processor(void *arg, const char *message)
 }
 
 /*
- * Replace every double-quoted fragment longer than one character by "...".
- * libpq's complaints about a malformed connection string quote pieces of
- * it, and those pieces may be a password.
- */
-static char *
-elide_quoted(const char *msg)
-{
-	PQExpBufferData buf;
-	const char *p = msg;
-
-	initPQExpBuffer(&buf);
-	while (*p)
-	{
-		const char *end;
-
-		if (*p == '"' && (end = strchr(p + 1, '"')) != NULL && end - p > 2)
-		{
-			appendPQExpBufferStr(&buf, "\"...\"");
-			p = end + 1;
-			continue;
-		}
-		appendPQExpBufferChar(&buf, *p);
-		p++;
-	}
-	return buf.data;
-}
-
-/*
  * Fill keywords/values for PQconnectdbParams and friends.  The order is
  * psql's: a conninfo string given with -d is expanded where dbname stands,
  * so what it says overrides -h, -p and -U, as in psql.
@@ -252,10 +224,15 @@ check_conninfo(const char *dbname)
 	opts = PQconninfoParse(dbname, &errmsg);
 	if (opts == NULL)
 	{
-		char	   *safe = elide_quoted(errmsg ? errmsg : "out of memory");
-
+		/*
+		 * libpq's message quotes parts of the string, which may hold a
+		 * password that we could not find without parsing it: say only
+		 * what kind of mistake it is.
+		 */
+		if (errmsg != NULL)
+			PQfreemem(errmsg);
 		dlock_fatal(DLOCK_EXIT_UNAVAILABLE,
-					"invalid connection string given with -d/--dbname: %s", safe);
+					"invalid connection string given with -d/--dbname (libpq could not parse it; its message is not shown because it could contain the password)");
 	}
 	for (o = opts; o->keyword != NULL; o++)
 	{

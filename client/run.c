@@ -37,6 +37,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -93,6 +94,105 @@ typedef struct Run
 	int			child_status;	/* as from waitpid */
 } Run;
 
+/*
+ * The watchdog: a timer armed for the lease's deadline whenever the loop
+ * runs (ITIMER_REAL), which stops COMMAND's process group by itself if the
+ * loop has not come round by then, because something blocked it (libpq
+ * resolves host names synchronously when it reconnects, a write to a full
+ * stderr, ...).  The loop, once back, sees the lease lost and does the rest.
+ */
+static volatile sig_atomic_t watchdog_group = 0;	/* 0: disarmed */
+static volatile sig_atomic_t watchdog_kill = 0;	/* SIGKILL, not SIGTERM */
+
+static void
+watchdog_fire(int sig)
+{
+	int			save_errno = errno;
+	pid_t		group = (pid_t) watchdog_group;
+
+	if (group > 0)
+	{
+		if (watchdog_kill)
+			kill(-group, SIGKILL);
+		else
+		{
+			kill(-group, SIGTERM);
+			kill(-group, SIGCONT);
+		}
+		watchdog_group = 0;
+	}
+	if (signal_pipe_w >= 0)
+	{
+		ssize_t		rc = write(signal_pipe_w, "", 1);
+
+		(void) rc;
+	}
+	errno = save_errno;
+}
+
+/* Arm the watchdog for deadline (0: disarm it). */
+static void
+watchdog_arm(const Run *r, int64 deadline)
+{
+	struct itimerval it;
+	int64		left;
+
+	memset(&it, 0, sizeof(it));
+	if (deadline == 0 || r->o->on_lost == DLOCK_ON_LOST_IGNORE || r->child <= 0)
+	{
+		watchdog_group = 0;
+		(void) setitimer(ITIMER_REAL, &it, NULL);
+		return;
+	}
+	left = Max(deadline - dlock_now_ms(), 1);
+	it.it_value.tv_sec = left / 1000;
+	it.it_value.tv_usec = (left % 1000) * 1000;
+	watchdog_kill = (r->o->on_lost == DLOCK_ON_LOST_KILL);
+	watchdog_group = r->child;
+	(void) setitimer(ITIMER_REAL, &it, NULL);
+}
+
+/*
+ * ^Z (SIGTSTP, and SIGTTIN/SIGTTOU): stop COMMAND's process group too
+ * before stopping ourselves, so that it does not run on while nobody
+ * renews its lease; continue it when we are continued (the loop then
+ * checks the deadline at once).
+ */
+static volatile sig_atomic_t stop_group = 0;
+
+static void
+handle_stop(int sig)
+{
+	int			save_errno = errno;
+	pid_t		group = (pid_t) stop_group;
+	struct sigaction sa;
+	sigset_t	mask;
+
+	if (group > 0)
+		kill(-group, SIGSTOP);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_DFL;
+	sigemptyset(&sa.sa_mask);
+	sigaction(sig, &sa, NULL);
+	sigemptyset(&mask);
+	sigaddset(&mask, sig);
+	sigprocmask(SIG_UNBLOCK, &mask, NULL);
+	raise(sig);
+	/* continued: handle the next ^Z the same way */
+	sa.sa_handler = handle_stop;
+	sa.sa_flags = SA_RESTART;
+	sigaction(sig, &sa, NULL);
+	if (group > 0)
+		kill(-group, SIGCONT);
+	if (signal_pipe_w >= 0)
+	{
+		ssize_t		rc = write(signal_pipe_w, "", 1);
+
+		(void) rc;
+	}
+	errno = save_errno;
+}
+
 /* Note a signal, and wake the loop through the self-pipe. */
 static void
 handle_signal(int sig)
@@ -147,6 +247,13 @@ dlock_signals_install(bool child)
 	{
 		sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
 		sigaction(SIGCHLD, &sa, NULL);
+		sa.sa_handler = watchdog_fire;
+		sa.sa_flags = SA_RESTART;
+		sigaction(SIGALRM, &sa, NULL);
+		sa.sa_handler = handle_stop;
+		sigaction(SIGTSTP, &sa, NULL);
+		sigaction(SIGTTIN, &sa, NULL);
+		sigaction(SIGTTOU, &sa, NULL);
 	}
 }
 
@@ -862,6 +969,9 @@ dlock_cmd_run(DlockOptions *o)
 			if (!r->child_done)
 				kill(-r->child, sig);
 		}
+		/* the watchdog guards the deadline while we are elsewhere */
+		watchdog_arm(r, (r->lost || r->child_done) ? 0 : r->deadline);
+		stop_group = r->child_done ? 0 : r->child;
 
 		if (!r->lost && now >= r->deadline)
 		{

@@ -571,6 +571,15 @@ foreach my $c (
 	unlike("$out$err", qr/wrongsecret/, "$what: run does not show the password");
 }
 ok(!-e "$d/pw.ran", 'run did not run COMMAND without a connection');
+# a malformed URI: libpq's complaint quotes pieces of it, the password too
+foreach my $bad ('postgresql://alice:WrongPw9@[zz/postgres',
+	'postgresql://alice:WrongPwA@[::1]x/db')
+{
+	($rc, $out, $err) = dlock('-d', $bad, qw(status));
+	is($rc, 69, "malformed URI $bad: exit 69");
+	one_line($err, "malformed URI $bad");
+	unlike("$out$err", qr/WrongPw/, "malformed URI $bad: the password is not shown");
+}
 ($rc, $out, $err) = dlock(qw(-w -U pwuser status));
 is($rc, 69, 'no password with -w: exit 69');
 one_line($err, 'no password with -w');
@@ -589,6 +598,24 @@ foreach my $args (
 	one_line($err, "dlock @$args[0..2] without the extension");
 }
 ok(!-e "$d/noext.ran", 'run did not run COMMAND without the extension');
+
+# ^Z (SIGTSTP) to dlock run stops COMMAND's process group too: COMMAND does
+# not run on while nobody renews its lease; once continued past the TTL,
+# the lease is lost and COMMAND is stopped.
+{
+	my $ticks = "$d/ticks";
+	my $ticker = script('ticker.sh', qq{while :; do echo x >> "$ticks"; sleep 0.1; done\n});
+	my $r = start_dlock(qw(run --ttl=2s --grace=1s tstp -- sh), $ticker);
+	wait_for_file($ticks, $r);
+	my $pid = $r->{h}->{KIDS}[0]{PID};
+	kill 'TSTP', $pid;
+	usleep(300_000);
+	my $n1 = -s $ticks;
+	usleep(2_500_000);
+	is(-s $ticks, $n1, 'while dlock run is stopped by ^Z, COMMAND is stopped too');
+	kill 'CONT', $pid;
+	is(finish_dlock($r), 79, 'continued past its TTL: the lease is lost, exit 79');
+}
 
 $node->stop;
 done_testing();
