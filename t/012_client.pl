@@ -33,6 +33,7 @@ use Test::More;
 use JSON::PP;
 use Time::HiRes qw(time usleep);
 use Cwd qw(abs_path);
+use POSIX qw(mkfifo);
 
 # How long a dlock that should exit may take, and the slack allowed on top
 # of a TTL and a grace period on a loaded machine.
@@ -615,6 +616,37 @@ ok(!-e "$d/noext.ran", 'run did not run COMMAND without the extension');
 	is(-s $ticks, $n1, 'while dlock run is stopped by ^Z, COMMAND is stopped too');
 	kill 'CONT', $pid;
 	is(finish_dlock($r), 79, 'continued past its TTL: the lease is lost, exit 79');
+}
+
+# The watchdog: when the renewal loop is blocked (here libpq, reconnecting,
+# opens a service file that has become a FIFO nobody writes to, as a
+# synchronous host name lookup can block), COMMAND is still stopped at the
+# lease's deadline.
+{
+	my $svc = "$d/pg_service.conf";
+	my $marker = "$d/wd.term";
+	my $service = "[wd]\nhost=$host\nport=$port\ndbname=postgres\n";
+	open my $fh, '>', $svc or die "could not write $svc: $!";
+	print $fh $service;
+	close $fh;
+	local $ENV{PGSERVICEFILE} = $svc;
+	my $cmd = script('wd.sh',
+		qq{trap 'echo term > "$marker"; exit 0' TERM\nwhile :; do sleep 0.1; done\n});
+	my $r = start_dlock(qw(-d service=wd run --ttl=3s --grace=1s --renew-every=500ms wd -- sh), $cmd);
+	ok(wait_until(sub { lease_state('wd') eq 'held' }, $r), 'watchdog: the lease is held');
+	unlink $svc;
+	mkfifo($svc, 0600) or die "mkfifo: $!";
+	my $t0 = time;
+	$node->safe_psql('postgres',
+		"SELECT pg_terminate_backend(pid) FROM dlock.lease_status WHERE key = 'wd'");
+	ok(wait_until(sub { -e $marker }, $r), 'watchdog: COMMAND got SIGTERM while dlock was blocked');
+	my $took = time - $t0;
+	cmp_ok($took, '<', 3 + 4, "watchdog: within the TTL (and some slack) of the last renewal ($took s)");
+	# let the blocked open go on: dlock finds the lease lost
+	open my $w, '>', $svc or die "could not open $svc: $!";
+	print $w $service;
+	close $w;
+	is(finish_dlock($r), 79, 'watchdog: dlock run exits 79 once unblocked');
 }
 
 $node->stop;
