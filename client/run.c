@@ -165,23 +165,17 @@ handle_stop(int sig)
 {
 	int			save_errno = errno;
 	pid_t		group = (pid_t) stop_group;
-	struct sigaction sa;
-	sigset_t	mask;
 
 	if (group > 0)
 		kill(-group, SIGSTOP);
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = SIG_DFL;
-	sigemptyset(&sa.sa_mask);
-	sigaction(sig, &sa, NULL);
-	sigemptyset(&mask);
-	sigaddset(&mask, sig);
-	sigprocmask(SIG_UNBLOCK, &mask, NULL);
-	raise(sig);
-	/* continued: handle the next ^Z the same way */
-	sa.sa_handler = handle_stop;
-	sa.sa_flags = SA_RESTART;
-	sigaction(sig, &sa, NULL);
+
+	/*
+	 * Stop ourselves with SIGSTOP, not the signal itself: the kernel
+	 * discards SIGTSTP, SIGTTIN and SIGTTOU in an orphaned process group,
+	 * and then COMMAND would be left stopped while we ran on.
+	 */
+	kill(getpid(), SIGSTOP);
+	/* continued */
 	if (group > 0)
 		kill(-group, SIGCONT);
 	if (signal_pipe_w >= 0)
