@@ -121,21 +121,29 @@ dlock_one_line(const char *msg)
 	return buf.data;
 }
 
+/* Print fmt with ap as one "dlock: ..." line on stderr. */
+static void
+print_error(const char *fmt, va_list ap)
+{
+	char		msg[2048];
+	char	   *line;
+
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	line = dlock_one_line(msg);
+	fprintf(stderr, "dlock: %s\n", line);
+	fflush(stderr);
+	free(line);
+}
+
 /* Print one "dlock: ..." line on stderr. */
 void
 dlock_error(const char *fmt,...)
 {
 	va_list		ap;
-	char		msg[2048];
-	char	   *line;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	print_error(fmt, ap);
 	va_end(ap);
-	line = dlock_one_line(msg);
-	fprintf(stderr, "dlock: %s\n", line);
-	fflush(stderr);
-	free(line);
 }
 
 /* Print one "dlock: ..." line on stderr and exit with status. */
@@ -143,15 +151,10 @@ void
 dlock_fatal(int status, const char *fmt,...)
 {
 	va_list		ap;
-	char		msg[2048];
-	char	   *line;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	print_error(fmt, ap);
 	va_end(ap);
-	line = dlock_one_line(msg);
-	fprintf(stderr, "dlock: %s\n", line);
-	free(line);
 	exit(status);
 }
 

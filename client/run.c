@@ -95,6 +95,21 @@ typedef struct Run
 } Run;
 
 /*
+ * Wake the loop from a signal handler, through the self-pipe (a full pipe
+ * will wake it anyway).
+ */
+static void
+wake_loop(void)
+{
+	if (signal_pipe_w >= 0)
+	{
+		ssize_t		rc = write(signal_pipe_w, "", 1);
+
+		(void) rc;
+	}
+}
+
+/*
  * The watchdog: a timer armed for the lease's deadline whenever the loop
  * runs (ITIMER_REAL), which stops COMMAND's process group by itself if the
  * loop has not come round by then, because something blocked it (libpq
@@ -121,12 +136,7 @@ watchdog_fire(int sig)
 		}
 		watchdog_group = 0;
 	}
-	if (signal_pipe_w >= 0)
-	{
-		ssize_t		rc = write(signal_pipe_w, "", 1);
-
-		(void) rc;
-	}
+	wake_loop();
 	errno = save_errno;
 }
 
@@ -178,12 +188,7 @@ handle_stop(int sig)
 	/* continued */
 	if (group > 0)
 		kill(-group, SIGCONT);
-	if (signal_pipe_w >= 0)
-	{
-		ssize_t		rc = write(signal_pipe_w, "", 1);
-
-		(void) rc;
-	}
+	wake_loop();
 	errno = save_errno;
 }
 
@@ -197,12 +202,7 @@ handle_signal(int sig)
 	for (i = 0; i < (int) NFORWARDED; i++)
 		if (forwarded_signals[i] == sig)
 			got_signal[i] = 1;
-	if (signal_pipe_w >= 0)
-	{
-		ssize_t		rc = write(signal_pipe_w, "", 1);
-
-		(void) rc;				/* a full pipe will wake us anyway */
-	}
+	wake_loop();
 	errno = save_errno;
 }
 

@@ -196,9 +196,9 @@ extern void dlock_notice_end(const char *key, int len,
 							 TimestampTz now);
 extern void dlock_log_refusal(const char *key, int64 token, int64 current,
 							  const char *why);
-extern bool dlock_queue_enter(uint64 hash);
+extern bool dlock_queue_enter(const char *key, int len);
 extern bool dlock_queue_is_head(void);
-extern bool dlock_queue_others(uint64 hash);
+extern bool dlock_queue_others(const char *key, int len);
 extern void dlock_queue_leave(void);
 
 /* fence.c */

@@ -199,7 +199,7 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 		case DLOCK_HELD_GRANT:
 			break;
 		case DLOCK_HELD_OTHER:
-			if (dlock_queue_others(dlock_key_hash(k, len)))
+			if (dlock_queue_others(k, len))
 			{
 				dlock_count_wait(k, len, 0);
 				dlock_count(k, len, DLOCK_EV_TIMEOUT);
@@ -210,10 +210,10 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 						 errdetail("This transaction writes under the key, or renewed or released its lease, and other acquirers are waiting for the key: they would find it busy until this transaction ends."),
 						 errhint("Commit first, then call acquire() in a new transaction.")));
 			}
-			queued = dlock_queue_enter(dlock_key_hash(k, len));
+			queued = dlock_queue_enter(k, len);
 			break;
 		case DLOCK_HELD_NONE:
-			queued = dlock_queue_enter(dlock_key_hash(k, len));
+			queued = dlock_queue_enter(k, len);
 			break;
 	}
 	PG_TRY();
@@ -384,7 +384,7 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 	/* acquirers queued for the key come first */
-	if (dlock_queue_others(dlock_key_hash(k, len)) ||
+	if (dlock_queue_others(k, len) ||
 		attempt_grant(key, ttl, &opts, &lease, &until) != GRANT_OK)
 	{
 		dlock_count(k, len, DLOCK_EV_CONTENDED);

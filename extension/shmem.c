@@ -824,18 +824,20 @@ queue_exit(int code, Datum arg)
 }
 
 /*
- * Queue up for the key of hash hash.  Return false, queuing nothing, when
- * there are no queues (not preloaded).
+ * Queue up for key.  Return false, queuing nothing, when there are no
+ * queues (not preloaded).
  */
 bool
-dlock_queue_enter(uint64 hash)
+dlock_queue_enter(const char *key, int len)
 {
 	static bool exit_registered = false;
 	WaitSlot   *slot;
+	uint64		hash;
 
 	if (!dlock_shmem_ready() || MyProc == NULL ||
 		MyProc->pgprocno >= shared->nslots)
 		return false;
+	hash = dlock_key_hash(key, len);
 	Assert(my_slot == NULL);
 	if (!exit_registered)
 	{
@@ -877,15 +879,17 @@ dlock_queue_is_head(void)
 	return head;
 }
 
-/* Does anybody but this backend queue for the key of hash hash? */
+/* Does anybody but this backend queue for key? */
 bool
-dlock_queue_others(uint64 hash)
+dlock_queue_others(const char *key, int len)
 {
 	bool		others = false;
+	uint64		hash;
 	int			i;
 
 	if (!dlock_shmem_ready())
 		return false;
+	hash = dlock_key_hash(key, len);
 	LWLockAcquire(shared->queue_lock, LW_SHARED);
 	for (i = 0; i < shared->nslots; i++)
 	{
