@@ -168,6 +168,14 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
  * wake-ups; the others sleep until the waiter ahead of them leaves the
  * queue (shmem.c), so a release wakes one waiter, not all.
  */
+/*
+ * Longest a waiter for a lease that will expire (or whose wait is bounded)
+ * sleeps between looks at the key.  Expiry and deadlines are judged on the
+ * server's clock, which may be stepped while we sleep; waking now and then
+ * costs one lock and one row read per second per waiting head of a queue.
+ */
+#define DLOCK_WAIT_RECHECK_MS	1000
+
 static GrantResult
 grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 			  bool bounded, TimestampTz deadline, DlockLease *lease,
@@ -285,8 +293,14 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 				wake_at = deadline;
 			if (wake_at != DT_NOEND)
 			{
-				/* round up, so that a lease is seen expired when we wake */
-				timeout_ms = (long) Min((wake_at - now + 999) / 1000, INT_MAX);
+				/*
+				 * Round up, so that a lease is seen expired when we wake;
+				 * but look again at least every DLOCK_WAIT_RECHECK_MS:
+				 * wake_at is server-clock time, and a clock stepped forward
+				 * ends the lease (or our wait) long before the timer would.
+				 */
+				timeout_ms = (long) Min((wake_at - now + 999) / 1000,
+										DLOCK_WAIT_RECHECK_MS);
 				if (timeout_ms < 1)
 					timeout_ms = 1;
 				events |= WL_TIMEOUT;
