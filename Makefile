@@ -44,14 +44,18 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # The command-line client (client/, its own PGXS Makefile: PGXS allows one
-# PROGRAM or MODULE_big per Makefile).  Prerequisites only, so that "all"
-# stays the default goal and PGXS's own recipes stay as they are.
-all: all-client
-install: install-client
-clean: clean-client
-installcheck: all-client
+# PROGRAM or MODULE_big per Makefile), and the test programs that are never
+# installed (TOOLDIRS: the chaos checker).  Prerequisites only, so that
+# "all" stays the default goal and PGXS's own recipes stay as they are.
+TOOLDIRS = chaos
 
-.PHONY: all-client install-client clean-client
+all: all-client $(addprefix all-,$(TOOLDIRS))
+install: install-client
+clean: clean-client $(addprefix clean-,$(TOOLDIRS))
+installcheck: all-client $(addprefix all-,$(TOOLDIRS))
+
+.PHONY: all-client install-client clean-client \
+	$(addprefix all-,$(TOOLDIRS)) $(addprefix clean-,$(TOOLDIRS))
 
 all-client:
 	$(MAKE) -C client PG_CONFIG=$(PG_CONFIG)
@@ -61,6 +65,12 @@ install-client: all-client
 
 clean-client:
 	$(MAKE) -C client PG_CONFIG=$(PG_CONFIG) clean
+
+$(addprefix all-,$(TOOLDIRS)): all-%:
+	$(MAKE) -C $* PG_CONFIG=$(PG_CONFIG)
+
+$(addprefix clean-,$(TOOLDIRS)): clean-%:
+	$(MAKE) -C $* PG_CONFIG=$(PG_CONFIG) clean
 
 # make dist: the release tarball (for PGXN: META.json is at the top) of
 # what is committed at HEAD, as dlock-VERSION.zip and .tar.gz.

@@ -1,0 +1,1813 @@
+/*-------------------------------------------------------------------------
+ *
+ * dlock-chaos.c
+ *	  A chaos checker for dlock: workers write under short leases while a
+ *	  nemesis stops them, kills their backends and crashes the server; at
+ *	  the end the invariants are checked from the database and the logs.
+ *
+ * Worker processes loop: grant a key for 100-500 ms (try_acquire, or
+ * acquire with a short wait), then one to three read-modify-write
+ * transactions on a counter row and an appended history row, both on
+ * tables protected by dlock.fence_guard, presenting the token either with
+ * dlock.use_fence or in the token column; sometimes renew between them,
+ * sometimes pause past the lease's expiry before the write or inside its
+ * transaction; then release, or let the lease run out.  Each operation is
+ * one fixed-size record in the worker's own log file, with the
+ * CLOCK_MONOTONIC times (comparable across processes on one machine) of
+ * its invocation, of each fenced statement and of its completion.
+ *
+ * The main process is the nemesis: it SIGSTOPs workers for longer than any
+ * TTL, pg_terminate_backend()s their backends and, given the data
+ * directory and pg_ctl, crash-restarts the server (immediate stop, SIGKILL
+ * of the postmaster, SIGKILL of a backend).  An operation whose outcome
+ * cannot be known (the connection died during a grant, a renewal, a
+ * release or a COMMIT) is indeterminate: the checker allows both outcomes.
+ *
+ * The lease's expiry is bounded from the client's side only: it is before
+ * (completion of the last grant or renewal that may have succeeded) + TTL,
+ * since the server computed it from its clock at some moment before that
+ * completion.  No server timestamp is needed.
+ *
+ * chaos/dlock-chaos.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres_fe.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "libpq-fe.h"
+
+#define MAX_WORKERS 64
+#define MAX_KEYS 1000
+#define MAX_KILLED 4096
+#define SHOW_MAX 20				/* violations printed per kind */
+#define SLACK_US 2000			/* clock-rate slack when comparing to a
+								 * lease's expiry bound */
+#define RECONNECT_GIVEUP_S 180	/* a worker that cannot connect this long
+								 * gives up */
+
+/* operation types */
+#define OP_GRANT	1
+#define OP_RENEW	2
+#define OP_RELEASE	3
+#define OP_WRITE	4
+
+/* outcomes */
+#define OUT_OK		1			/* granted, renewed, released, committed */
+#define OUT_NONE	2			/* key busy, renew NULL, release false */
+#define OUT_REFUSED 3			/* LF001 */
+#define OUT_FAILED	4			/* certainly had no effect (nemesis error
+								 * before COMMIT) */
+#define OUT_INDET	5			/* connection lost while it may have taken
+								 * effect */
+#define OUT_UNEXPECTED 6		/* an error nobody should see */
+
+/* flags */
+#define F_USE_FENCE		0x01
+#define F_PAUSE_BEFORE	0x02
+#define F_PAUSE_INSIDE	0x04
+#define F_WAIT			0x08	/* grant by acquire(wait => ...) */
+
+/* One operation of one worker; written to the worker's log as is. */
+typedef struct ChaosOp
+{
+	int64		t_inv;			/* monotonic us: invoked */
+	int64		t_done;			/* completed */
+	int64		t_fence1;		/* write: first fenced statement invoked */
+	int64		t_upd;			/* write: UPDATE of the counter invoked */
+	int64		t_ins;			/* write: INSERT of the history row invoked */
+	int64		t_commit;		/* write: COMMIT invoked */
+	int64		deadline;		/* the lease expires before this */
+	int64		fence;
+	int64		value;			/* write: counter value written */
+	int32		worker;
+	int32		op;				/* index of this record in the worker's log */
+	int32		key;
+	int32		ttl_ms;
+	int16		type;
+	int16		outcome;
+	int32		flags;
+	char		sqlstate[8];
+} ChaosOp;
+
+/* options */
+static int	duration_s = 60;
+static int	nworkers = 8;
+static int	nkeys = 4;
+static uint64 seed = 0;
+static bool seed_given = false;
+static const char *dbname = NULL;
+static const char *host = NULL;
+static const char *port = NULL;
+static const char *user = NULL;
+static const char *pgdata = NULL;
+static const char *pg_ctl = NULL;
+static const char *server_log = NULL;
+static const char *logdir = NULL;
+static bool keep_logs = false;
+static bool no_fence = false;
+static int	crash_every_s = 10;
+static int	nemesis_ms = 300;
+
+/* state */
+static volatile sig_atomic_t stop_requested = 0;
+static int64 start_us;
+static int64 end_us;
+static char logdir_buf[MAXPGPATH];
+static pid_t worker_pids[MAX_WORKERS];
+static int64 stopped_until[MAX_WORKERS];
+static uint64 rng_state;
+
+/* nemesis counts */
+static long n_sigstops = 0;
+static long n_terminates = 0;
+static long n_crash_immediate = 0;
+static long n_crash_pmkill = 0;
+static long n_crash_backendkill = 0;
+static int	killed_pids[MAX_KILLED];
+static int	nkilled = 0;
+static long server_log_start = 0;
+
+/* Microseconds on CLOCK_MONOTONIC, the same clock in every process. */
+static int64
+now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* splitmix64: small, seedable, the same sequence on every platform. */
+static uint64
+rnd(void)
+{
+	uint64		z = (rng_state += UINT64CONST(0x9E3779B97F4A7C15));
+
+	z = (z ^ (z >> 30)) * UINT64CONST(0xBF58476D1CE4E5B9);
+	z = (z ^ (z >> 27)) * UINT64CONST(0x94D049BB133111EB);
+	return z ^ (z >> 31);
+}
+
+/* A random integer in [lo, hi]. */
+static int64
+rnd_range(int64 lo, int64 hi)
+{
+	return lo + (int64) (rnd() % (uint64) (hi - lo + 1));
+}
+
+/* True with probability p. */
+static bool
+chance(double p)
+{
+	return (rnd() >> 11) * (1.0 / 9007199254740992.0) < p;
+}
+
+/*
+ * Sleep until monotonic time t (us), or until a stop is requested.  An
+ * absolute deadline, so that a SIGSTOP in the middle does not lengthen it.
+ */
+static void
+sleep_until(int64 t)
+{
+	struct timespec ts;
+
+	ts.tv_sec = t / 1000000;
+	ts.tv_nsec = (t % 1000000) * 1000;
+	while (!stop_requested &&
+		   clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+/* Notice processor: the server's warnings during crashes are expected. */
+static void
+ignore_notice(void *arg, const char *message)
+{
+}
+
+/* Signal handler: ask the loop we are in to finish. */
+static void
+handle_stop(SIGNAL_ARGS)
+{
+	stop_requested = 1;
+}
+
+/*
+ * Connect with the command line's options.  Timeouts keep a worker from
+ * hanging on a server that is down or hung: connect_timeout for the
+ * connection, statement_timeout for every statement.  Returns NULL (and
+ * prints nothing) when the connection fails, unless verbose.
+ */
+static PGconn *
+connect_db(const char *appname, bool verbose)
+{
+	const char *keywords[10];
+	const char *values[10];
+	int			n = 0;
+	PGconn	   *conn;
+
+	keywords[n] = "dbname";
+	values[n++] = dbname;
+	keywords[n] = "host";
+	values[n++] = host;
+	keywords[n] = "port";
+	values[n++] = port;
+	keywords[n] = "user";
+	values[n++] = user;
+	keywords[n] = "connect_timeout";
+	values[n++] = "5";
+	keywords[n] = "application_name";
+	values[n++] = appname;
+	keywords[n] = "options";
+	values[n++] = "-c statement_timeout=20s -c idle_in_transaction_session_timeout=60s";
+	keywords[n] = NULL;
+	values[n] = NULL;
+
+	conn = PQconnectdbParams(keywords, values, 1);
+	if (PQstatus(conn) != CONNECTION_OK)
+	{
+		if (verbose)
+			fprintf(stderr, "dlock-chaos: cannot connect: %s", PQerrorMessage(conn));
+		PQfinish(conn);
+		return NULL;
+	}
+	PQsetNoticeProcessor(conn, ignore_notice, NULL);
+	return conn;
+}
+
+/* Is this SQLSTATE one that the nemesis causes (a lost connection)? */
+static bool
+nemesis_state(const char *state)
+{
+	return state[0] == '\0' || strncmp(state, "08", 2) == 0 ||
+		strcmp(state, "57P01") == 0 || strcmp(state, "57P02") == 0 ||
+		strcmp(state, "57P03") == 0;
+}
+
+/* result classes of run() */
+#define RC_OK		0
+#define RC_LOST		1			/* connection lost or nemesis error */
+#define RC_LF001		2
+#define RC_BUSY		3			/* 55P03 */
+#define RC_OTHER		4			/* unexpected */
+
+/*
+ * Run one statement; return its class, put the result (or NULL) in *res
+ * and the SQLSTATE in state.  An unexpected error is printed at once.
+ */
+static int
+run(PGconn *conn, const char *sql, int nparams, const char *const *params,
+	PGresult **res, char *state, int worker)
+{
+	PGresult   *r;
+	const char *s;
+
+	state[0] = '\0';
+	r = PQexecParams(conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	*res = r;
+	if (r != NULL && (PQresultStatus(r) == PGRES_TUPLES_OK ||
+					  PQresultStatus(r) == PGRES_COMMAND_OK))
+		return RC_OK;
+	s = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+	if (s != NULL)
+		strlcpy(state, s, 8);
+	if (nemesis_state(state) || PQstatus(conn) != CONNECTION_OK)
+		return RC_LOST;
+	if (strcmp(state, "LF001") == 0)
+		return RC_LF001;
+	if (strcmp(state, "55P03") == 0)
+		return RC_BUSY;
+	fprintf(stderr, "dlock-chaos: VIOLATION: worker %d: unexpected error %s in \"%.60s\": %s",
+			worker, state, sql, r ? PQresultErrorMessage(r) : PQerrorMessage(conn));
+	return RC_OTHER;
+}
+
+/* A worker's lease as the worker believes it to be. */
+typedef struct Lease
+{
+	int			key;
+	int			ttl_ms;
+	int64		fence;
+	char		owner[64];
+	int64		deadline;
+	bool		written;		/* a write was tried under it */
+} Lease;
+
+static FILE *oplog;
+static int	op_seq = 0;
+static int	my_worker;
+
+/* Start a record. */
+static void
+op_begin(ChaosOp *r, int type, const Lease *l)
+{
+	memset(r, 0, sizeof(*r));
+	r->type = type;
+	r->worker = my_worker;
+	r->op = op_seq++;
+	r->key = l->key;
+	r->ttl_ms = l->ttl_ms;
+	r->fence = l->fence;
+	r->deadline = l->deadline;
+	r->t_inv = now_us();
+}
+
+/* Finish a record and append it to the worker's log. */
+static void
+op_end(ChaosOp *r, int outcome, const char *state)
+{
+	r->t_done = now_us();
+	r->outcome = outcome;
+	if (state)
+		strlcpy(r->sqlstate, state, sizeof(r->sqlstate));
+	if (fwrite(r, sizeof(*r), 1, oplog) != 1)
+	{
+		fprintf(stderr, "dlock-chaos: worker %d: cannot write its log: %m\n", my_worker);
+		exit(3);
+	}
+}
+
+/*
+ * Grant a random key with a random TTL.  Returns RC_OK with *l filled, or
+ * another class.
+ */
+static int
+do_grant(PGconn *conn, Lease *l)
+{
+	ChaosOp		r;
+	char		keybuf[64],
+				ttlbuf[32],
+				waitbuf[32],
+				holder[32];
+	const char *params[4];
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+	bool		wait = chance(0.2);
+
+	memset(l, 0, sizeof(*l));
+	l->key = (int) rnd_range(0, nkeys - 1);
+	l->ttl_ms = (int) rnd_range(100, 500);
+	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	snprintf(ttlbuf, sizeof(ttlbuf), "%d ms", l->ttl_ms);
+	snprintf(waitbuf, sizeof(waitbuf), "%d ms", (int) rnd_range(50, 300));
+	snprintf(holder, sizeof(holder), "w%d", my_worker);
+	op_begin(&r, OP_GRANT, l);
+	if (wait)
+	{
+		r.flags |= F_WAIT;
+		params[0] = keybuf;
+		params[1] = ttlbuf;
+		params[2] = waitbuf;
+		params[3] = holder;
+		rc = run(conn, "SELECT owner, fence FROM dlock.acquire($1, $2::interval, wait => $3::interval, holder => $4)",
+				 4, params, &res, state, my_worker);
+	}
+	else
+	{
+		params[0] = keybuf;
+		params[1] = ttlbuf;
+		params[2] = holder;
+		rc = run(conn, "SELECT owner, fence FROM dlock.try_acquire($1, $2::interval, holder => $3)",
+				 3, params, &res, state, my_worker);
+	}
+	if (rc == RC_OK && PQntuples(res) == 1)
+	{
+		strlcpy(l->owner, PQgetvalue(res, 0, 0), sizeof(l->owner));
+		l->fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+		r.fence = l->fence;
+		op_end(&r, OUT_OK, state);
+		l->deadline = r.t_done + (int64) l->ttl_ms * 1000;
+	}
+	else if (rc == RC_OK || rc == RC_BUSY)
+	{
+		op_end(&r, OUT_NONE, state);
+		rc = RC_BUSY;
+	}
+	else
+		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+	PQclear(res);
+	return rc;
+}
+
+/* Renew the lease; returns the class, RC_BUSY when it was lost. */
+static int
+do_renew(PGconn *conn, Lease *l)
+{
+	ChaosOp		r;
+	char		keybuf[64],
+				ttlbuf[32];
+	const char *params[3];
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+	int64		newdl;
+
+	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	snprintf(ttlbuf, sizeof(ttlbuf), "%d ms", l->ttl_ms);
+	params[0] = keybuf;
+	params[1] = l->owner;
+	params[2] = ttlbuf;
+	op_begin(&r, OP_RENEW, l);
+	rc = run(conn, "SELECT dlock.renew($1, $2::uuid, $3::interval)", 3, params,
+			 &res, state, my_worker);
+	newdl = now_us() + (int64) l->ttl_ms * 1000;
+	if (rc == RC_OK && !PQgetisnull(res, 0, 0))
+	{
+		op_end(&r, OUT_OK, state);
+		l->deadline = Max(l->deadline, newdl);
+	}
+	else if (rc == RC_OK)
+	{
+		op_end(&r, OUT_NONE, state);
+		rc = RC_BUSY;
+	}
+	else
+	{
+		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+		/* it may have been renewed: the bound must cover that */
+		l->deadline = Max(l->deadline, newdl);
+	}
+	PQclear(res);
+	return rc;
+}
+
+/* Release the lease. */
+static int
+do_release(PGconn *conn, Lease *l)
+{
+	ChaosOp		r;
+	char		keybuf[64];
+	const char *params[2];
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+
+	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	params[0] = keybuf;
+	params[1] = l->owner;
+	op_begin(&r, OP_RELEASE, l);
+	rc = run(conn, "SELECT dlock.release($1, $2::uuid)", 2, params, &res,
+			 state, my_worker);
+	if (rc == RC_OK)
+		op_end(&r, strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? OUT_OK : OUT_NONE, state);
+	else
+		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+	PQclear(res);
+	return rc;
+}
+
+/* End a failed transaction; a lost connection is dealt with by the caller. */
+static void
+rollback(PGconn *conn)
+{
+	PGresult   *res = PQexec(conn, "ROLLBACK");
+
+	PQclear(res);
+}
+
+/*
+ * One read-modify-write transaction under the lease: read the key's
+ * counter, write counter + 1 to it and append it to the history.  Returns
+ * RC_OK (committed), RC_LF001 (refused: the lease is lost), RC_LOST, RC_OTHER.
+ */
+static int
+do_write(PGconn *conn, Lease *l)
+{
+	ChaosOp		r;
+	char		kbuf[32],
+				keybuf[64],
+				fbuf[32],
+				vbuf[32],
+				wbuf[16],
+				obuf[16];
+	const char *params[6];
+	PGresult   *res = NULL;
+	char		state[8];
+	int			rc;
+	int			pause = (int) rnd_range(0, 9);	/* 0: before, 1: inside */
+	int64		value;
+
+	snprintf(kbuf, sizeof(kbuf), "k%d", l->key);
+	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, l->fence);
+
+	/*
+	 * The token column presents a token only when the UPDATE changes it, so
+	 * a second write under the same lease uses use_fence.
+	 */
+	if (pause == 0)
+	{
+		sleep_until(l->deadline + rnd_range(5, 150) * 1000);
+		/* told to stop in the middle: this is no longer a stale write */
+		if (stop_requested)
+			return RC_BUSY;
+	}
+	op_begin(&r, OP_WRITE, l);
+	if (l->written || chance(0.5))
+		r.flags |= F_USE_FENCE;
+	if (pause == 0)
+		r.flags |= F_PAUSE_BEFORE;
+	l->written = true;
+
+	rc = run(conn, "BEGIN", 0, NULL, &res, state, my_worker);
+	if (rc != RC_OK)
+		goto failed;
+	PQclear(res);
+	if (r.flags & F_USE_FENCE)
+	{
+		params[0] = keybuf;
+		params[1] = fbuf;
+		r.t_fence1 = now_us();
+		rc = run(conn, "SELECT dlock.use_fence($1, $2::bigint)", 2, params,
+				 &res, state, my_worker);
+		if (rc != RC_OK)
+			goto failed;
+		PQclear(res);
+	}
+	params[0] = kbuf;
+	rc = run(conn, "SELECT value FROM dlock_chaos_counter WHERE k = $1", 1,
+			 params, &res, state, my_worker);
+	if (rc != RC_OK)
+		goto failed;
+	if (PQntuples(res) != 1)
+	{
+		fprintf(stderr, "dlock-chaos: VIOLATION: worker %d: counter row of %s missing\n",
+				my_worker, kbuf);
+		strlcpy(state, "ROW", sizeof(state));
+		rc = RC_OTHER;
+		goto failed;
+	}
+	value = strtoll(PQgetvalue(res, 0, 0), NULL, 10) + 1;
+	PQclear(res);
+	r.value = value;
+	if (pause == 1)
+	{
+		sleep_until(l->deadline + rnd_range(5, 150) * 1000);
+		if (!stop_requested)
+			r.flags |= F_PAUSE_INSIDE;
+	}
+	snprintf(vbuf, sizeof(vbuf), INT64_FORMAT, value);
+	params[0] = kbuf;
+	params[1] = vbuf;
+	params[2] = fbuf;
+	r.t_upd = now_us();
+	if (r.t_fence1 == 0)
+		r.t_fence1 = r.t_upd;
+	if (r.flags & F_USE_FENCE)
+		rc = run(conn, "UPDATE dlock_chaos_counter SET value = $2 WHERE k = $1",
+				 2, params, &res, state, my_worker);
+	else
+		rc = run(conn, "UPDATE dlock_chaos_counter SET value = $2, fence = $3 WHERE k = $1",
+				 3, params, &res, state, my_worker);
+	if (rc != RC_OK)
+		goto failed;
+	PQclear(res);
+	snprintf(wbuf, sizeof(wbuf), "%d", my_worker);
+	snprintf(obuf, sizeof(obuf), "%d", r.op);
+	params[3] = wbuf;
+	params[4] = obuf;
+	r.t_ins = now_us();
+	rc = run(conn, "INSERT INTO dlock_chaos_history (k, value, fence, worker, op) VALUES ($1, $2, $3, $4, $5)",
+			 5, params, &res, state, my_worker);
+	if (rc != RC_OK)
+		goto failed;
+	PQclear(res);
+	r.t_commit = now_us();
+	rc = run(conn, "COMMIT", 0, NULL, &res, state, my_worker);
+	PQclear(res);
+	if (rc == RC_OK)
+		op_end(&r, OUT_OK, state);
+	else
+		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+	return rc;
+
+failed:
+	PQclear(res);
+	if (rc == RC_LOST)
+		op_end(&r, OUT_FAILED, state);
+	else
+	{
+		op_end(&r, rc == RC_LF001 ? OUT_REFUSED : OUT_UNEXPECTED, state);
+		rollback(conn);
+	}
+	return rc;
+}
+
+/* A worker process: loop on leases until told to stop. */
+static int
+worker_main(int w)
+{
+	char		path[MAXPGPATH];
+	char		appname[32];
+	PGconn	   *conn = NULL;
+	int64		hard_end = end_us + 120 * INT64CONST(1000000);
+	int64		down_since = 0;
+
+	my_worker = w;
+	rng_state = seed * 1000003 + (uint64) w + 1;
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	pqsignal(SIGINT, SIG_IGN);
+	pqsignal(SIGTERM, handle_stop);
+	snprintf(path, sizeof(path), "%s/worker-%d.log", logdir, w);
+	oplog = fopen(path, "w");
+	if (oplog == NULL)
+	{
+		fprintf(stderr, "dlock-chaos: cannot create %s: %m\n", path);
+		return 3;
+	}
+	snprintf(appname, sizeof(appname), "dlock-chaos-w%d", w);
+
+	while (!stop_requested && now_us() < hard_end)
+	{
+		Lease		l;
+		int			rc,
+					nwrites,
+					i;
+		bool		alive = true;
+
+		if (conn == NULL)
+		{
+			conn = connect_db(appname, false);
+			if (conn == NULL)
+			{
+				if (down_since == 0)
+					down_since = now_us();
+				else if (now_us() - down_since > RECONNECT_GIVEUP_S * INT64CONST(1000000))
+				{
+					fprintf(stderr, "dlock-chaos: worker %d: cannot connect for %d s, giving up\n",
+							w, RECONNECT_GIVEUP_S);
+					fclose(oplog);
+					return 3;
+				}
+				sleep_until(now_us() + 100000);
+				continue;
+			}
+			down_since = 0;
+		}
+
+		rc = do_grant(conn, &l);
+		if (rc != RC_OK)
+		{
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+			}
+			else
+				sleep_until(now_us() + rnd_range(0, 10000));
+			continue;
+		}
+
+		nwrites = (int) rnd_range(1, 3);
+		for (i = 0; i < nwrites && alive && !stop_requested; i++)
+		{
+			if (i > 0 && chance(0.4) && now_us() < l.deadline)
+			{
+				rc = do_renew(conn, &l);
+				if (rc != RC_OK)
+				{
+					alive = false;
+					break;
+				}
+			}
+			/* some work outside the transaction */
+			sleep_until(now_us() + rnd_range(0, l.ttl_ms * 100));
+			rc = do_write(conn, &l);
+			if (rc != RC_OK)
+				alive = false;
+		}
+		if (rc == RC_LOST)
+		{
+			PQfinish(conn);
+			conn = NULL;
+			continue;
+		}
+		if (alive && chance(0.6))
+		{
+			rc = do_release(conn, &l);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+			}
+		}
+	}
+	if (conn)
+		PQfinish(conn);
+	if (fclose(oplog) != 0)
+	{
+		fprintf(stderr, "dlock-chaos: worker %d: cannot write its log: %m\n", w);
+		return 3;
+	}
+	return 0;
+}
+
+/*
+ * Run pg_ctl with the given arguments, its output to a file in the log
+ * directory (never our stdout: the postmaster it starts would inherit it
+ * and keep a pipe of whoever runs us open).  Returns its exit status.
+ */
+static int
+run_pg_ctl(const char *a1, const char *a2, const char *a3, const char *a4,
+		   const char *a5, const char *a6)
+{
+	pid_t		pid;
+	int			status;
+	char		path[MAXPGPATH];
+
+	snprintf(path, sizeof(path), "%s/pg_ctl.out", logdir);
+	pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0)
+	{
+		int			in = open("/dev/null", O_RDONLY);
+		int			out = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+
+		dup2(in, 0);
+		dup2(out, 1);
+		dup2(out, 2);
+		pqsignal(SIGINT, SIG_IGN);
+		execl(pg_ctl, pg_ctl, "-D", pgdata, a1, a2, a3, a4, a5, a6, (char *) NULL);
+		_exit(127);
+	}
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* The postmaster's PID from postmaster.pid, or 0. */
+static pid_t
+postmaster_pid(void)
+{
+	char		path[MAXPGPATH];
+	FILE	   *f;
+	long		pid = 0;
+
+	snprintf(path, sizeof(path), "%s/postmaster.pid", pgdata);
+	f = fopen(path, "r");
+	if (f == NULL)
+		return 0;
+	if (fscanf(f, "%ld", &pid) != 1)
+		pid = 0;
+	fclose(f);
+	return (pid_t) pid;
+}
+
+/* The parent PID of process pid, from /proc, or 0. */
+static pid_t
+parent_of(pid_t pid)
+{
+	char		path[64],
+				buf[512];
+	FILE	   *f;
+	char	   *p;
+	long		ppid = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+	f = fopen(path, "r");
+	if (f == NULL)
+		return 0;
+	if (fgets(buf, sizeof(buf), f) != NULL && (p = strrchr(buf, ')')) != NULL)
+		sscanf(p + 1, " %*c %ld", &ppid);
+	fclose(f);
+	return (pid_t) ppid;
+}
+
+/* Start the server, retrying while the old one's processes linger. */
+static bool
+start_server(void)
+{
+	int64		give_up = now_us() + 120 * INT64CONST(1000000);
+
+	for (;;)
+	{
+		if (run_pg_ctl("-l", server_log, "-w", "-t", "60", "start") == 0)
+			return true;
+		if (now_us() > give_up)
+			return false;
+		sleep_until(now_us() + 500000);
+	}
+}
+
+/* SIGCONT every worker the nemesis stopped. */
+static void
+continue_all(void)
+{
+	int			i;
+
+	for (i = 0; i < nworkers; i++)
+	{
+		if (worker_pids[i] > 0)
+			kill(worker_pids[i], SIGCONT);
+		stopped_until[i] = 0;
+	}
+}
+
+/* A random worker backend's PID, or 0; conn is the nemesis's connection. */
+static int
+random_backend(PGconn *conn)
+{
+	PGresult   *res;
+	int			pid = 0;
+
+	res = PQexec(conn, "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'dlock-chaos-w%' ORDER BY random() LIMIT 1");
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		pid = atoi(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return pid;
+}
+
+/*
+ * Crash the server one of three ways and bring it back.  Returns false if
+ * it cannot be brought back.
+ */
+static bool
+crash_restart(PGconn **nconn)
+{
+	int			kind = (int) rnd_range(0, 2);
+	pid_t		pm = postmaster_pid();
+
+	continue_all();
+	if (pm == 0)
+	{
+		/* down already (a reset with restart_after_crash off): start it */
+		return start_server();
+	}
+	if (kind == 2 && *nconn != NULL)
+	{
+		/* SIGKILL a worker's backend: the postmaster resets the cluster */
+		int			pid = random_backend(*nconn);
+
+		if (pid > 0 && pm > 0 && parent_of(pid) == pm && nkilled < MAX_KILLED)
+		{
+			killed_pids[nkilled++] = pid;
+			if (kill(pid, SIGKILL) == 0)
+			{
+				n_crash_backendkill++;
+				return true;
+			}
+		}
+		kind = 0;
+	}
+	if (kind == 1 && pm > 0)
+	{
+		int64		wait_end = now_us() + 30 * INT64CONST(1000000);
+
+		if (kill(pm, SIGKILL) != 0)
+			kind = 0;
+		else
+		{
+			n_crash_pmkill++;
+			while (kill(pm, 0) == 0 && now_us() < wait_end)
+				sleep_until(now_us() + 20000);
+		}
+	}
+	if (kind != 1)
+	{
+		if (run_pg_ctl("-m", "immediate", "-w", "-t", "60", "stop") != 0)
+		{
+			fprintf(stderr, "dlock-chaos: pg_ctl stop -m immediate failed (see %s/pg_ctl.out)\n", logdir);
+			return false;
+		}
+		n_crash_immediate++;
+	}
+	if (*nconn)
+	{
+		PQfinish(*nconn);
+		*nconn = NULL;
+	}
+	sleep_until(now_us() + rnd_range(0, 1000000));
+	if (!start_server())
+	{
+		fprintf(stderr, "dlock-chaos: the server did not start again (see %s/pg_ctl.out and %s)\n",
+				logdir, server_log);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The nemesis, in the main process, until the duration is over or we are
+ * interrupted.  Returns false if the server could not be restarted.
+ */
+static bool
+nemesis(void)
+{
+	PGconn	   *nconn = NULL;
+	int64		next_action = now_us() + 500000;
+	int64		next_crash = pgdata ? now_us() + rnd_range(crash_every_s / 2 * 1000000, crash_every_s * 1500000) : 0;
+	bool		ok = true;
+
+	while (!stop_requested && now_us() < end_us)
+	{
+		int64		t = now_us();
+		int			i;
+
+		for (i = 0; i < nworkers; i++)
+			if (stopped_until[i] != 0 && t >= stopped_until[i])
+			{
+				kill(worker_pids[i], SIGCONT);
+				stopped_until[i] = 0;
+			}
+		if (nconn == NULL)
+			nconn = connect_db("dlock-chaos-nemesis", false);
+
+		/*
+		 * With restart_after_crash off, a backend's SIGKILL shuts the server
+		 * down: bring it back.
+		 */
+		if (pgdata && nconn == NULL && postmaster_pid() == 0)
+		{
+			sleep_until(now_us() + 200000);
+			if (postmaster_pid() == 0 && !start_server())
+			{
+				fprintf(stderr, "dlock-chaos: the server did not start again (see %s/pg_ctl.out and %s)\n",
+						logdir, server_log);
+				ok = false;
+				break;
+			}
+			continue;
+		}
+
+		if (pgdata && t >= next_crash)
+		{
+			if (!crash_restart(&nconn))
+			{
+				ok = false;
+				break;
+			}
+			next_crash = now_us() + rnd_range(crash_every_s / 2 * 1000000, crash_every_s * 1500000);
+			next_action = now_us() + 200000;
+		}
+		else if (t >= next_action)
+		{
+			if (chance(0.5))
+			{
+				i = (int) rnd_range(0, nworkers - 1);
+				if (stopped_until[i] == 0)
+				{
+					kill(worker_pids[i], SIGSTOP);
+					stopped_until[i] = t + rnd_range(600, 1500) * 1000;
+					n_sigstops++;
+				}
+			}
+			else if (nconn != NULL)
+			{
+				PGresult   *res = PQexec(nconn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'dlock-chaos-w%' ORDER BY random() LIMIT 1");
+
+				if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+					strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+					n_terminates++;
+				else if (PQstatus(nconn) != CONNECTION_OK)
+				{
+					PQfinish(nconn);
+					nconn = NULL;
+				}
+				PQclear(res);
+			}
+			next_action = t + rnd_range(nemesis_ms / 2, nemesis_ms * 3 / 2) * 1000;
+		}
+		sleep_until(Min(now_us() + 20000, end_us));
+	}
+	continue_all();
+	if (nconn)
+		PQfinish(nconn);
+	return ok;
+}
+
+/* Run a setup statement; die if it fails. */
+static void
+setup_exec(PGconn *conn, const char *sql)
+{
+	PGresult   *res = PQexec(conn, sql);
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "dlock-chaos: setup failed: %s", PQerrorMessage(conn));
+		exit(2);
+	}
+	PQclear(res);
+}
+
+/* Create the extension (if missing) and the two fenced tables, afresh. */
+static void
+setup(void)
+{
+	PGconn	   *conn = connect_db("dlock-chaos-setup", true);
+	char		sql[256];
+
+	if (conn == NULL)
+		exit(2);
+	setup_exec(conn, "SET client_min_messages = warning");
+	setup_exec(conn, "CREATE EXTENSION IF NOT EXISTS dlock");
+	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter");
+	setup_exec(conn, "CREATE TABLE dlock_chaos_counter (k text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL DEFAULT 0)");
+	setup_exec(conn, "CREATE TABLE dlock_chaos_history (id bigserial PRIMARY KEY, k text NOT NULL, value bigint NOT NULL, fence bigint NOT NULL, worker int NOT NULL, op int NOT NULL)");
+	snprintf(sql, sizeof(sql),
+			 "INSERT INTO dlock_chaos_counter (k, value) SELECT 'k' || i, 0 FROM generate_series(0, %d) i",
+			 nkeys - 1);
+	setup_exec(conn, sql);
+	if (!no_fence)
+	{
+		setup_exec(conn, "CREATE TRIGGER fence BEFORE INSERT OR UPDATE OR DELETE ON dlock_chaos_counter FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('dlock-chaos:{k}', 'fence')");
+		setup_exec(conn, "CREATE TRIGGER fence BEFORE INSERT OR UPDATE OR DELETE ON dlock_chaos_history FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('dlock-chaos:{k}', 'fence')");
+	}
+	PQfinish(conn);
+}
+
+/* ---------------------------------------------------------------- checker */
+
+static ChaosOp *wlog[MAX_WORKERS];
+static int	wlog_n[MAX_WORKERS];
+static bool *in_db[MAX_WORKERS];	/* per record: its history row exists */
+
+/* violation counts by kind, and how many were printed */
+static long violations = 0;
+static long vio_kind[16];
+
+#define V_GAP		0
+#define V_DUP		1
+#define V_FENCE_ORDER 2
+#define V_STALE		3
+#define V_NEWER		4
+#define V_REISSUE	5
+#define V_TOKEN_ORDER 6
+#define V_LOST		7
+#define V_PHANTOM	8
+#define V_ERROR		9
+#define V_SERVERLOG 10
+#define V_COUNTER	11
+
+static const char *const vio_name[] = {
+	"history gap", "lost update (duplicate value)", "fences out of order",
+	"write accepted after its lease expired", "write accepted under a superseded lease",
+	"token reissued", "token not larger than an earlier acknowledged grant's",
+	"acknowledged write lost", "write in the database that was not accepted",
+	"unexpected error", "server log", "counter row wrong"
+};
+
+/* Report one violation (printed for the first SHOW_MAX of its kind). */
+static void
+violation(int kind, const char *fmt,...)
+{
+	va_list		ap;
+
+	violations++;
+	if (vio_kind[kind]++ >= SHOW_MAX)
+		return;
+	fprintf(stderr, "dlock-chaos: VIOLATION (%s): ", vio_name[kind]);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+/* Read every worker's log into wlog. */
+static bool
+read_logs(void)
+{
+	int			w;
+
+	for (w = 0; w < nworkers; w++)
+	{
+		char		path[MAXPGPATH];
+		struct stat st;
+		FILE	   *f;
+
+		snprintf(path, sizeof(path), "%s/worker-%d.log", logdir, w);
+		if (stat(path, &st) != 0 || (f = fopen(path, "r")) == NULL)
+		{
+			fprintf(stderr, "dlock-chaos: cannot read %s: %m\n", path);
+			return false;
+		}
+		wlog_n[w] = (int) (st.st_size / sizeof(ChaosOp));
+		wlog[w] = pg_malloc0(sizeof(ChaosOp) * (wlog_n[w] + 1));
+		in_db[w] = pg_malloc0(sizeof(bool) * (wlog_n[w] + 1));
+		if (wlog_n[w] > 0 && fread(wlog[w], sizeof(ChaosOp), wlog_n[w], f) != (size_t) wlog_n[w])
+		{
+			fprintf(stderr, "dlock-chaos: cannot read %s\n", path);
+			fclose(f);
+			return false;
+		}
+		fclose(f);
+	}
+	return true;
+}
+
+static int
+cmp_fence(const void *a, const void *b)
+{
+	const ChaosOp *x = *(ChaosOp *const *) a;
+	const ChaosOp *y = *(ChaosOp *const *) b;
+
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	return x->fence < y->fence ? -1 : x->fence > y->fence ? 1 : 0;
+}
+
+static int
+cmp_inv(const void *a, const void *b)
+{
+	const ChaosOp *x = *(ChaosOp *const *) a;
+	const ChaosOp *y = *(ChaosOp *const *) b;
+
+	return x->t_inv < y->t_inv ? -1 : x->t_inv > y->t_inv ? 1 : 0;
+}
+
+static int
+cmp_done(const void *a, const void *b)
+{
+	const ChaosOp *x = *(ChaosOp *const *) a;
+	const ChaosOp *y = *(ChaosOp *const *) b;
+
+	return x->t_done < y->t_done ? -1 : x->t_done > y->t_done ? 1 : 0;
+}
+
+static int
+cmp_int64(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/* Seconds since the start, for messages. */
+static double
+rel(int64 t)
+{
+	return (t - start_us) / 1e6;
+}
+
+/* Scan the server log written since we started for what must not be there. */
+static void
+check_server_log(void)
+{
+	FILE	   *f;
+	char		line[4096];
+
+	if (server_log == NULL)
+		return;
+	f = fopen(server_log, "r");
+	if (f == NULL)
+	{
+		fprintf(stderr, "dlock-chaos: cannot read %s: %m\n", server_log);
+		violation(V_SERVERLOG, "server log %s unreadable", server_log);
+		return;
+	}
+	fseek(f, server_log_start, SEEK_SET);
+	while (fgets(line, sizeof(line), f) != NULL)
+	{
+		char	   *p;
+
+		line[strcspn(line, "\n")] = '\0';
+		if (strstr(line, "PANIC:") || strstr(line, "TRAP:"))
+			violation(V_SERVERLOG, "%s", line);
+		else if ((p = strstr(line, "terminated by signal")) != NULL)
+		{
+			char	   *q = strstr(line, "(PID ");
+			int			pid = q ? atoi(q + 5) : 0;
+			bool		ours = false;
+			int			i;
+
+			for (i = 0; i < nkilled; i++)
+				if (killed_pids[i] == pid)
+					ours = true;
+			if (!ours || strncmp(p, "terminated by signal 9", 22) != 0)
+				violation(V_SERVERLOG, "%s", line);
+		}
+	}
+	fclose(f);
+}
+
+/* Connect for the final check, waiting out a recovery in progress. */
+static PGconn *
+connect_for_check(void)
+{
+	int64		give_up = now_us() + 180 * INT64CONST(1000000);
+	PGconn	   *conn;
+
+	while ((conn = connect_db("dlock-chaos-check", now_us() > give_up)) == NULL)
+	{
+		if (now_us() > give_up)
+			return NULL;
+		if (pgdata && postmaster_pid() == 0)
+			start_server();
+		sleep_until(now_us() + 500000);
+	}
+	return conn;
+}
+
+/*
+ * Verify everything and print the counts.  Returns the number of
+ * violations, or -1 if the check itself could not be done.
+ */
+static long
+check(void)
+{
+	PGconn	   *conn;
+	PGresult   *res;
+	ChaosOp   **grants,
+			  **byinv,
+			  **bydone;
+	int64	   *released;
+	int64	   *minlater;
+	int			ngrants = 0,
+				nreleased = 0,
+				w,
+				i,
+				j;
+	long		c_renewals = 0,
+				c_releases = 0,
+				c_accepted = 0,
+				c_refused = 0,
+				c_stale = 0,
+				c_stale_refused = 0,
+				c_stale_cut = 0,
+				c_pauses = 0,
+				c_indet = 0,
+				c_takeovers = 0,
+				c_attempts = 0,
+				c_lostconn = 0;
+	int64		maxfence;
+	int			prev_key = -1;
+	int64		expect = 0,
+				prev_fence = 0;
+	const ChaosOp *prev_rec = NULL;
+
+	/* the database's side: history and counters */
+	conn = connect_for_check();
+	if (conn == NULL)
+	{
+		fprintf(stderr, "dlock-chaos: cannot connect for the final check\n");
+		return -1;
+	}
+	res = PQexec(conn, "SELECT substr(k, 2)::int, value, fence, worker, op FROM dlock_chaos_history ORDER BY 1, 2, id");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "dlock-chaos: cannot read the history: %s", PQerrorMessage(conn));
+		return -1;
+	}
+	for (i = 0; i < PQntuples(res); i++)
+	{
+		int			key = atoi(PQgetvalue(res, i, 0));
+		int64		value = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+		int64		fence = strtoll(PQgetvalue(res, i, 2), NULL, 10);
+		int			hw = atoi(PQgetvalue(res, i, 3));
+		int			hop = atoi(PQgetvalue(res, i, 4));
+		const ChaosOp *r = NULL;
+
+		if (key != prev_key)
+		{
+			prev_key = key;
+			expect = 1;
+			prev_fence = 0;
+			prev_rec = NULL;
+		}
+		if (hw >= 0 && hw < nworkers && hop >= 0 && hop < wlog_n[hw])
+			r = &wlog[hw][hop];
+		if (r == NULL || r->type != OP_WRITE || r->key != key || r->value != value || r->fence != fence)
+			violation(V_PHANTOM, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " by worker %d op %d matches no write in the logs",
+					  key, value, fence, hw, hop);
+		else
+		{
+			in_db[hw][hop] = true;
+			if (r->outcome != OUT_OK && r->outcome != OUT_INDET)
+				violation(V_PHANTOM, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " by worker %d op %d was reported failed (%s) but is in the database",
+						  key, value, fence, hw, hop, r->sqlstate);
+		}
+		if (value < expect)
+			violation(V_DUP, "k%d value " INT64_FORMAT " written twice: fence " INT64_FORMAT " (worker %d op %d), and fence " INT64_FORMAT " (worker %d op %d)",
+					  key, value, fence, hw, hop,
+					  prev_rec ? prev_rec->fence : 0, prev_rec ? prev_rec->worker : -1,
+					  prev_rec ? prev_rec->op : -1);
+		else if (value > expect)
+			violation(V_GAP, "k%d: values " INT64_FORMAT ".." INT64_FORMAT " missing", key, expect, value - 1);
+		if (fence < prev_fence)
+			violation(V_FENCE_ORDER, "k%d value " INT64_FORMAT " has fence " INT64_FORMAT " after fence " INT64_FORMAT,
+					  key, value, fence, prev_fence);
+		prev_fence = Max(prev_fence, fence);
+		expect = Max(expect, value + 1);
+		prev_rec = r;
+	}
+	PQclear(res);
+	res = PQexec(conn, "SELECT c.k, c.value, coalesce(max(h.value), 0) FROM dlock_chaos_counter c LEFT JOIN dlock_chaos_history h USING (k) GROUP BY c.k, c.value HAVING c.value <> coalesce(max(h.value), 0) OR count(h.*) <> coalesce(max(h.value), 0)");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "dlock-chaos: cannot read the counters: %s", PQerrorMessage(conn));
+		return -1;
+	}
+	for (i = 0; i < PQntuples(res); i++)
+		violation(V_COUNTER, "counter %s is %s, the history's highest value %s (with a different number of rows)",
+				  PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), PQgetvalue(res, i, 2));
+	PQclear(res);
+	PQfinish(conn);
+
+	/* the logs' side */
+	for (w = 0; w < nworkers; w++)
+		for (i = 0; i < wlog_n[w]; i++)
+		{
+			ChaosOp    *r = &wlog[w][i];
+
+			if (r->type == OP_GRANT && r->outcome == OUT_OK)
+				ngrants++;
+			if (r->type == OP_RELEASE && r->outcome == OUT_OK)
+				nreleased++;
+		}
+	grants = pg_malloc(sizeof(ChaosOp *) * (ngrants + 1));
+	byinv = pg_malloc(sizeof(ChaosOp *) * (ngrants + 1));
+	bydone = pg_malloc(sizeof(ChaosOp *) * (ngrants + 1));
+	released = pg_malloc(sizeof(int64) * (nreleased + 1));
+	minlater = pg_malloc(sizeof(int64) * (ngrants + 1));
+	ngrants = nreleased = 0;
+	for (w = 0; w < nworkers; w++)
+		for (i = 0; i < wlog_n[w]; i++)
+		{
+			ChaosOp    *r = &wlog[w][i];
+
+			if (r->type == OP_GRANT && r->outcome == OUT_OK)
+			{
+				grants[ngrants] = byinv[ngrants] = bydone[ngrants] = r;
+				ngrants++;
+			}
+			if (r->type == OP_RELEASE && r->outcome == OUT_OK)
+				released[nreleased++] = r->fence;
+			if (r->outcome == OUT_INDET)
+				c_indet++;
+			if (r->outcome == OUT_UNEXPECTED)
+				violation(V_ERROR, "worker %d op %d (%s): SQLSTATE %s at %.3f s",
+						  w, i, r->type == OP_GRANT ? "grant" : r->type == OP_RENEW ? "renew" : r->type == OP_RELEASE ? "release" : "write",
+						  r->sqlstate, rel(r->t_done));
+			if (r->outcome == OUT_FAILED || r->outcome == OUT_INDET)
+				c_lostconn++;
+			if (r->type == OP_RENEW && r->outcome == OUT_OK)
+				c_renewals++;
+			if (r->type == OP_RELEASE && r->outcome == OUT_OK)
+				c_releases++;
+		}
+	qsort(released, nreleased, sizeof(int64), cmp_int64);
+
+	/* tokens: unique, and larger than those of grants acknowledged earlier */
+	qsort(grants, ngrants, sizeof(ChaosOp *), cmp_fence);
+	{
+		int64	   *fences = pg_malloc(sizeof(int64) * (ngrants + 1));
+
+		for (i = 0; i < ngrants; i++)
+			fences[i] = grants[i]->fence;
+		qsort(fences, ngrants, sizeof(int64), cmp_int64);
+		for (i = 1; i < ngrants; i++)
+			if (fences[i] == fences[i - 1])
+				violation(V_REISSUE, "fence " INT64_FORMAT " was granted twice", fences[i]);
+		pg_free(fences);
+	}
+	qsort(byinv, ngrants, sizeof(ChaosOp *), cmp_inv);
+	qsort(bydone, ngrants, sizeof(ChaosOp *), cmp_done);
+	maxfence = 0;
+	j = 0;
+	{
+		const ChaosOp *maxrec = NULL;
+
+		for (i = 0; i < ngrants; i++)
+		{
+			while (j < ngrants && bydone[j]->t_done < byinv[i]->t_inv)
+			{
+				if (bydone[j]->fence > maxfence)
+				{
+					maxfence = bydone[j]->fence;
+					maxrec = bydone[j];
+				}
+				j++;
+			}
+			if (maxrec != NULL && byinv[i]->fence <= maxfence)
+				violation(V_TOKEN_ORDER, "grant of k%d by worker %d invoked at %.6f s got fence " INT64_FORMAT ", but k%d had been granted fence " INT64_FORMAT " (worker %d, acknowledged at %.6f s)",
+						  byinv[i]->key, byinv[i]->worker, rel(byinv[i]->t_inv), byinv[i]->fence,
+						  maxrec->key, maxfence, maxrec->worker, rel(maxrec->t_done));
+		}
+	}
+
+	/*
+	 * Per key, by fence: takeovers, and for each grant the earliest
+	 * acknowledgement of any later grant of the key (suffix minimum).
+	 */
+	for (i = ngrants - 1; i >= 0; i--)
+	{
+		int64		m = PG_INT64_MAX;
+
+		if (i + 1 < ngrants && grants[i + 1]->key == grants[i]->key)
+			m = Min(minlater[i + 1], grants[i + 1]->t_done);
+		minlater[i] = m;
+		if (i > 0 && grants[i - 1]->key == grants[i]->key &&
+			!bsearch(&grants[i - 1]->fence, released, nreleased, sizeof(int64), cmp_int64))
+			c_takeovers++;
+	}
+
+	/* writes */
+	for (w = 0; w < nworkers; w++)
+		for (i = 0; i < wlog_n[w]; i++)
+		{
+			ChaosOp    *r = &wlog[w][i];
+			bool		accepted;
+			bool		stale;
+			int			lo,
+						hi;
+
+			if (r->type != OP_WRITE)
+				continue;
+			c_attempts++;
+			accepted = in_db[w][i];
+			if (r->flags & (F_PAUSE_BEFORE | F_PAUSE_INSIDE))
+				c_pauses++;
+			/* stale: its first write (or use_fence) after the lease's end */
+			stale = (r->flags & F_PAUSE_BEFORE) ||
+				(r->t_fence1 != 0 && r->t_fence1 > r->deadline + SLACK_US) ||
+				(r->t_upd != 0 && r->t_upd > r->deadline + SLACK_US);
+			if (stale)
+			{
+				c_stale++;
+				if (r->outcome == OUT_REFUSED)
+					c_stale_refused++;
+				else if (r->outcome == OUT_FAILED || r->outcome == OUT_INDET)
+					c_stale_cut++;
+			}
+			if (r->outcome == OUT_REFUSED)
+				c_refused++;
+			if (r->outcome == OUT_OK && !accepted)
+				violation(V_LOST, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) was committed at %.3f s but is not in the database",
+						  r->key, r->value, r->fence, w, i, rel(r->t_done));
+			if (!accepted)
+				continue;
+			c_accepted++;
+			if (r->t_ins > r->deadline + SLACK_US || stale)
+				violation(V_STALE, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d%s%s): written %.1f ms after the lease had expired, at the latest",
+						  r->key, r->value, r->fence, w, i,
+						  (r->flags & F_PAUSE_BEFORE) ? ", paused before" : "",
+						  (r->flags & F_PAUSE_INSIDE) ? ", paused inside" : "",
+						  (Max(r->t_ins, r->t_upd) - r->deadline) / 1000.0);
+			/* find this write's grant among the key's grants */
+			lo = 0;
+			hi = ngrants - 1;
+			while (lo <= hi)
+			{
+				int			mid = (lo + hi) / 2;
+				const ChaosOp *g = grants[mid];
+
+				if (g->key < r->key || (g->key == r->key && g->fence < r->fence))
+					lo = mid + 1;
+				else
+					hi = mid - 1;
+			}
+			/* grants[lo] is the first with (key, fence) >= the write's */
+			{
+				int64		first_later = PG_INT64_MAX;
+
+				if (lo < ngrants && grants[lo]->key == r->key && grants[lo]->fence == r->fence)
+					first_later = minlater[lo];
+				else if (lo < ngrants && grants[lo]->key == r->key)
+					first_later = Min(grants[lo]->t_done, minlater[lo]);
+				if (first_later < r->t_commit)
+					violation(V_NEWER, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) committed (COMMIT sent at %.6f s) after a grant of a larger token was acknowledged at %.6f s",
+							  r->key, r->value, r->fence, w, i, rel(r->t_commit), rel(first_later));
+			}
+		}
+
+	check_server_log();
+
+	printf("dlock-chaos: ran %.1f s, %d workers, %d keys, seed " UINT64_FORMAT "%s\n",
+		   rel(now_us()), nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER" : "");
+	printf("dlock-chaos: write attempts %ld, refused (LF001) %ld, cut off by the nemesis %ld; stale writes cut off %ld; crash kinds: immediate stop %ld, postmaster SIGKILL %ld, backend SIGKILL %ld\n",
+		   c_attempts, c_refused, c_lostconn, c_stale_cut, n_crash_immediate, n_crash_pmkill, n_crash_backendkill);
+	for (i = 0; i < (int) lengthof(vio_name); i++)
+		if (vio_kind[i] > 0)
+			printf("dlock-chaos: violations: %s: %ld\n", vio_name[i], vio_kind[i]);
+	printf("dlock-chaos: counts: grants=%d takeovers=%ld accepted_writes=%ld stale_writes=%ld stale_writes_refused=%ld renewals=%ld releases=%ld pauses=%ld sigstops=%ld backend_kills=%ld crash_restarts=%ld indeterminate=%ld violations=%ld\n",
+		   ngrants, c_takeovers, c_accepted, c_stale, c_stale_refused, c_renewals, c_releases,
+		   c_pauses, n_sigstops, n_terminates,
+		   n_crash_immediate + n_crash_pmkill + n_crash_backendkill, c_indet, violations);
+	fflush(stdout);
+	return violations;
+}
+
+/* Remove the log directory and what is in it. */
+static void
+remove_logdir(void)
+{
+	DIR		   *d = opendir(logdir);
+	struct dirent *de;
+	char		path[MAXPGPATH];
+
+	if (d == NULL)
+		return;
+	while ((de = readdir(d)) != NULL)
+	{
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", logdir, de->d_name);
+		unlink(path);
+	}
+	closedir(d);
+	rmdir(logdir);
+}
+
+/*
+ * Stop the workers: SIGTERM (they finish the operation they are in; their
+ * statements time out), SIGCONT, and SIGKILL for any still there after a
+ * minute.  Every child is reaped.  Returns false if one had to be killed
+ * or failed.
+ */
+static bool
+stop_workers(void)
+{
+	int64		give_up = now_us() + 60 * INT64CONST(1000000);
+	int			left = 0;
+	bool		ok = true;
+	int			i;
+
+	for (i = 0; i < nworkers; i++)
+		if (worker_pids[i] > 0)
+		{
+			kill(worker_pids[i], SIGTERM);
+			kill(worker_pids[i], SIGCONT);
+			left++;
+		}
+	while (left > 0)
+	{
+		int			status;
+		pid_t		pid = waitpid(-1, &status, WNOHANG);
+
+		if (pid > 0)
+		{
+			for (i = 0; i < nworkers; i++)
+				if (worker_pids[i] == pid)
+				{
+					worker_pids[i] = 0;
+					left--;
+					if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+					{
+						fprintf(stderr, "dlock-chaos: worker %d ended with status %d\n", i, status);
+						ok = false;
+					}
+				}
+			continue;
+		}
+		if (pid < 0 && errno == ECHILD)
+			break;
+		if (now_us() > give_up)
+		{
+			for (i = 0; i < nworkers; i++)
+				if (worker_pids[i] > 0)
+				{
+					fprintf(stderr, "dlock-chaos: worker %d did not stop in time: killed\n", i);
+					kill(worker_pids[i], SIGKILL);
+				}
+			ok = false;
+			give_up = PG_INT64_MAX;
+		}
+		sleep_until(now_us() + 20000);
+	}
+	return ok;
+}
+
+/* Print the usage. */
+static void
+usage(void)
+{
+	printf("dlock-chaos: check dlock's leases and fencing under faults\n\n"
+		   "Usage:\n"
+		   "  dlock-chaos [OPTION]...\n\n"
+		   "Options:\n"
+		   "  --duration=S        run for S seconds (default 60)\n"
+		   "  --workers=N         worker processes (default 8, at most %d)\n"
+		   "  --keys=K            lease keys (default 4, at most %d)\n"
+		   "  --seed=X            random seed (default: from the clock; printed)\n"
+		   "  --pgdata=DIR        the server's data directory; with --pg-ctl and\n"
+		   "                      --server-log, enables crash-restarts\n"
+		   "  --pg-ctl=PATH       pg_ctl of the server\n"
+		   "  --server-log=FILE   the server's log (checked for PANIC, TRAP and\n"
+		   "                      processes killed by a signal we did not send)\n"
+		   "  --crash-every=S     mean seconds between crash-restarts (default 10)\n"
+		   "  --nemesis-every=MS  mean ms between SIGSTOPs and terminations (default 300)\n"
+		   "  --logdir=DIR        keep the operation logs here (default: a temporary\n"
+		   "                      directory, removed unless a violation is found)\n"
+		   "  --no-fence          debug: leave the tables unprotected by fence_guard\n"
+		   "                      (the check must then report violations)\n"
+		   "  -d, --dbname=DB     database name or connection string\n"
+		   "  -h, --host=HOST     server host or socket directory\n"
+		   "  -p, --port=PORT     server port\n"
+		   "  -U, --username=USER user name\n"
+		   "  --help              show this help, then exit\n\n"
+		   "Exit status: 0 no violation, 1 violations found, 2 the run or the check\n"
+		   "could not be done.\n", MAX_WORKERS, MAX_KEYS);
+}
+
+/* Parse a non-negative integer option or exit 2. */
+static long
+int_arg(const char *name, const char *s, long lo, long hi)
+{
+	char	   *end;
+	long		v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno != 0 || *end != '\0' || end == s || v < lo || v > hi)
+	{
+		fprintf(stderr, "dlock-chaos: invalid value for --%s: \"%s\" (%ld..%ld)\n", name, s, lo, hi);
+		exit(2);
+	}
+	return v;
+}
+
+int
+main(int argc, char **argv)
+{
+	static struct option long_options[] = {
+		{"duration", required_argument, NULL, 1},
+		{"workers", required_argument, NULL, 2},
+		{"keys", required_argument, NULL, 3},
+		{"seed", required_argument, NULL, 4},
+		{"pgdata", required_argument, NULL, 5},
+		{"pg-ctl", required_argument, NULL, 6},
+		{"server-log", required_argument, NULL, 7},
+		{"logdir", required_argument, NULL, 8},
+		{"no-fence", no_argument, NULL, 9},
+		{"crash-every", required_argument, NULL, 10},
+		{"nemesis-every", required_argument, NULL, 11},
+		{"help", no_argument, NULL, 12},
+		{"dbname", required_argument, NULL, 'd'},
+		{"host", required_argument, NULL, 'h'},
+		{"port", required_argument, NULL, 'p'},
+		{"username", required_argument, NULL, 'U'},
+		{NULL, 0, NULL, 0}
+	};
+	int			c,
+				w;
+	bool		ok = true;
+	long		v;
+	struct stat st;
+
+	while ((c = getopt_long(argc, argv, "d:h:p:U:", long_options, NULL)) != -1)
+	{
+		switch (c)
+		{
+			case 1:
+				duration_s = (int) int_arg("duration", optarg, 1, 100000000);
+				break;
+			case 2:
+				nworkers = (int) int_arg("workers", optarg, 1, MAX_WORKERS);
+				break;
+			case 3:
+				nkeys = (int) int_arg("keys", optarg, 1, MAX_KEYS);
+				break;
+			case 4:
+				{
+					char	   *end;
+
+					errno = 0;
+					seed = strtoull(optarg, &end, 10);
+					if (errno != 0 || *end != '\0' || end == optarg)
+					{
+						fprintf(stderr, "dlock-chaos: invalid value for --seed: \"%s\"\n", optarg);
+						exit(2);
+					}
+					seed_given = true;
+				}
+				break;
+			case 5:
+				pgdata = optarg;
+				break;
+			case 6:
+				pg_ctl = optarg;
+				break;
+			case 7:
+				server_log = optarg;
+				break;
+			case 8:
+				logdir = optarg;
+				keep_logs = true;
+				break;
+			case 9:
+				no_fence = true;
+				break;
+			case 10:
+				crash_every_s = (int) int_arg("crash-every", optarg, 2, 1000000);
+				break;
+			case 11:
+				nemesis_ms = (int) int_arg("nemesis-every", optarg, 10, 1000000);
+				break;
+			case 12:
+				usage();
+				exit(0);
+			case 'd':
+				dbname = optarg;
+				break;
+			case 'h':
+				host = optarg;
+				break;
+			case 'p':
+				port = optarg;
+				break;
+			case 'U':
+				user = optarg;
+				break;
+			default:
+				fprintf(stderr, "Try \"dlock-chaos --help\" for more information.\n");
+				exit(2);
+		}
+	}
+	if (optind < argc)
+	{
+		fprintf(stderr, "dlock-chaos: unexpected argument \"%s\"\n", argv[optind]);
+		exit(2);
+	}
+	if ((pgdata != NULL || pg_ctl != NULL) && (pgdata == NULL || pg_ctl == NULL || server_log == NULL))
+	{
+		fprintf(stderr, "dlock-chaos: crash-restarts need all of --pgdata, --pg-ctl and --server-log\n");
+		exit(2);
+	}
+	if (!seed_given)
+		seed = (uint64) time(NULL) ^ ((uint64) getpid() << 16);
+	rng_state = seed;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+
+	if (logdir == NULL)
+	{
+		strlcpy(logdir_buf, "/tmp/dlock-chaos.XXXXXX", sizeof(logdir_buf));
+		if (mkdtemp(logdir_buf) == NULL)
+		{
+			fprintf(stderr, "dlock-chaos: cannot create a temporary directory: %m\n");
+			exit(2);
+		}
+		logdir = logdir_buf;
+	}
+	else if (mkdir(logdir, 0700) != 0 && errno != EEXIST)
+	{
+		fprintf(stderr, "dlock-chaos: cannot create %s: %m\n", logdir);
+		exit(2);
+	}
+	if (server_log != NULL && stat(server_log, &st) == 0)
+		server_log_start = (long) st.st_size;
+
+	printf("dlock-chaos: %d s, %d workers, %d keys, seed " UINT64_FORMAT "%s\n",
+		   duration_s, nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER (debug)" : "");
+	if (pgdata == NULL)
+		printf("dlock-chaos: crash-restarts are off (they need --pgdata, --pg-ctl and --server-log)\n");
+	setup();
+
+	pqsignal(SIGINT, handle_stop);
+	pqsignal(SIGTERM, handle_stop);
+	pqsignal(SIGHUP, handle_stop);
+	start_us = now_us();
+	end_us = start_us + (int64) duration_s * 1000000;
+	fflush(stdout);
+	fflush(stderr);
+	for (w = 0; w < nworkers; w++)
+	{
+		pid_t		pid = fork();
+
+		if (pid < 0)
+		{
+			fprintf(stderr, "dlock-chaos: fork failed: %m\n");
+			stop_requested = 1;
+			break;
+		}
+		if (pid == 0)
+			_exit(worker_main(w));
+		worker_pids[w] = pid;
+	}
+
+	if (!stop_requested)
+		ok = nemesis();
+	if (stop_requested)
+		printf("dlock-chaos: interrupted after %.1f s; checking what ran\n", (now_us() - start_us) / 1e6);
+	/* a second ^C ends us at once; the workers die with us (PDEATHSIG) */
+	pqsignal(SIGINT, SIG_DFL);
+	pqsignal(SIGTERM, SIG_DFL);
+	pqsignal(SIGHUP, SIG_DFL);
+	if (!stop_workers())
+		ok = false;
+
+	if (!read_logs())
+		exit(2);
+	v = check();
+	if (v < 0)
+		ok = false;
+	if (!ok || v != 0 || keep_logs)
+		printf("dlock-chaos: operation logs kept in %s\n", logdir);
+	else
+		remove_logdir();
+	if (v > 0)
+		return 1;
+	return ok ? 0 : 2;
+}
