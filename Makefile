@@ -45,9 +45,10 @@ include $(PGXS)
 
 # The command-line client (client/, its own PGXS Makefile: PGXS allows one
 # PROGRAM or MODULE_big per Makefile), and the test programs that are never
-# installed (TOOLDIRS: the chaos checker).  Prerequisites only, so that
-# "all" stays the default goal and PGXS's own recipes stay as they are.
-TOOLDIRS = chaos
+# installed (TOOLDIRS: the chaos checker, the hostile-input generator).
+# Prerequisites only, so that "all" stays the default goal and PGXS's own
+# recipes stay as they are.
+TOOLDIRS = chaos fuzz
 
 all: all-client $(addprefix all-,$(TOOLDIRS))
 install: install-client

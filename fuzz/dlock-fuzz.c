@@ -1,0 +1,2690 @@
+/*-------------------------------------------------------------------------
+ *
+ * dlock-fuzz.c
+ *	  Hostile input for the dlock extension (issue 9, section 5).
+ *
+ * dlock-fuzz --calls N --seed X [connection options]
+ *
+ * Makes N calls, chosen by a seeded generator, of every SQL function of
+ * dlock (try_acquire, acquire with short waits, renew, release, use_fence,
+ * check_fence, prune, stats_reset, the views) and of writes through the
+ * fence_guard trigger, with hostile arguments (NULLs, empty and 10 MB
+ * strings, keys on both sides of the 512-byte limit and multibyte
+ * characters straddling it, odd unicode, extreme and mixed-sign intervals,
+ * extreme tokens, hostile templates, columns of odd types, partitions,
+ * inheritance, views, COPY, ON CONFLICT, MERGE, savepoints, cursors,
+ * plpgsql exception blocks, PREPARE TRANSACTION, parallel mode), and, as an
+ * ordinary role, every attempt we know to forge or destroy a lease.
+ *
+ * Three connections: "digest" (superuser, search_path pg_catalog) only
+ * reads the state; "su" (superuser) makes the calls that need one; "usr"
+ * (an ordinary role with CREATE on the database and on schema public, made
+ * by us) makes all the rest.  After every call the digest connection reads
+ * a digest of the state: dlock.leases (every column, owners included), the
+ * token sequence, dlock's catalog entries (schema, tables, columns,
+ * functions, types, triggers, rules, policies, ACLs, owners, the
+ * extension's membership, role settings, parameter ACLs, the fuzz role's
+ * attributes) and the rows of the protected tables.  A violation is:
+ *   - a lost connection or a restarted server (a crash), or a PANIC, TRAP
+ *     or signal death in the server log (--server-log);
+ *   - SQLSTATE XX000 (or any class XX), or one outside the allowlist;
+ *   - a refused call after which the digest differs (the token sequence
+ *     may only move forward, and only for calls of dlock's API: a grant
+ *     rolled back still consumed its token);
+ *   - a forgery that succeeds: an attack that must be refused and was not,
+ *     a write under a token that is not the key's current one that changed
+ *     rows, a held key granted to somebody else, a renew or release with a
+ *     wrong owner that did not return NULL / false, a stranger's
+ *     check_fence that said true;
+ *   - a write under the current token of a live lease that was refused.
+ * Each violation is printed with the SQL that caused it (truncated); the
+ * exit status is 1 if there was any, 2 for bad usage or a failed setup.
+ *
+ * fuzz/dlock-fuzz.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres_fe.h"
+
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "getopt_long.h"
+#include "libpq-fe.h"
+#include "pqexpbuffer.h"
+
+#define MAX_STMTS	8
+#define MAX_STATES	128
+#define MAX_SHOWN	40
+#define SQL_SHOWN	400
+#define NPOOL		6
+#define NGUARD		3
+
+/* What a call must do for the run to pass. */
+typedef enum Expect
+{
+	EXP_ANY,					/* anything allowed; a refusal changes nothing */
+	EXP_REFUSE,					/* an attack: must fail, changing nothing */
+	EXP_NOCHANGE,				/* may succeed, but must change nothing */
+	EXP_VALUE,					/* must return expect_value (or fail), change nothing */
+	EXP_NOROWS,					/* must return no row (or fail), change nothing */
+	EXP_STALE,					/* a write under a wrong token: must change nothing */
+	EXP_ACCEPT					/* a write under the live current token: must succeed */
+} Expect;
+
+/* Which connection makes the call. */
+typedef enum Who
+{
+	AS_USR,
+	AS_SU
+} Who;
+
+/* One call: up to MAX_STMTS statements run in order until one fails. */
+typedef struct Call
+{
+	const char *cat;			/* category, for the histogram */
+	Who			who;
+	Expect		expect;
+	const char *expect_value;	/* EXP_VALUE: first column of first row,
+								 * NULL for SQL NULL */
+	bool		api;			/* a call of dlock's API: may draw tokens */
+	bool		uses_dlock;		/* PREPARE TRANSACTION must fail */
+	char	   *stmt[MAX_STMTS];
+	int			nstmt;
+	char	   *copydata;		/* rows for a COPY ... FROM STDIN statement */
+	/* one statement sent with binary parameters instead */
+	int			nparams;
+	Oid			ptypes[3];
+	char	   *pvalues[3];
+	int			plengths[3];
+	int			pformats[3];
+	/* EXP_ACCEPT: the key and token, to see whether the lease still holds */
+	char	   *accept_key;
+	long long	accept_token;
+	/* what the call returned */
+	char	   *sqlstate;		/* NULL on success */
+	char	   *errmsg;
+	bool		lost;			/* the connection was lost */
+	char	   *value;			/* first column of first row, or NULL */
+	char	   *value2;			/* second column of first row, or NULL */
+	bool		value_null;
+	int			ntuples;
+	long long	changed;		/* rows written by INSERT/UPDATE/DELETE/MERGE/COPY */
+	bool		prepared;		/* a PREPARE TRANSACTION succeeded */
+} Call;
+
+/* The state the digest connection reads. */
+typedef struct Digest
+{
+	char	   *leases;
+	long long	seq;
+	char	   *seq_called;
+	char	   *catalog;
+	char	   *tables;
+	char	   *started;
+} Digest;
+
+/* A lease granted to one of our connections, by key. */
+typedef struct Held
+{
+	char	   *key;			/* SQL literal of the key */
+	char	   *owner;
+	long long	fence;
+} Held;
+
+/* One entry of the histogram. */
+typedef struct Count
+{
+	char		name[64];
+	long		n;
+} Count;
+
+static const char *progname = "dlock-fuzz";
+
+/* connections and options */
+static PGconn *dig;
+static PGconn *su;
+static PGconn *usr;
+static const char *keywords[8];
+static const char *values[8];
+static int	nconnopts = 0;
+static const char *role = "dlock_fuzz";
+static const char *server_log = NULL;
+static const char *inject = NULL;
+static bool verbose = false;
+
+/* run state */
+static uint64 rng_state;
+static Digest cur;
+static bool evil_path = false;
+static bool usr_loaded = false;	/* dlock is loaded in usr's session */
+static char *pool_keys[NPOOL];
+static char *guard_keys[NGUARD];
+static long long guard_fence[NGUARD];
+static Held held[NPOOL];
+static char *tables_sql;			/* digest of the main protected tables */
+static char *odd_tables_sql;	/* and of the tables of odd types */
+static char *digest_pid;
+static char *superuser_name;
+static char *dbname_q;
+static long log_offset = 0;
+
+/* results */
+static Count states[MAX_STATES];
+static int	nstates = 0;
+static Count cats[MAX_STATES];
+static Count times[MAX_STATES];
+static int	ntimes = 0;
+static int	ncats = 0;
+static long calls_made = 0;
+static long violations = 0;
+static long crashes = 0;
+static long forgeries_refused = 0;
+static long stale_refused = 0;
+static long accepted_writes = 0;
+static int64 digest_ms = 0;
+static bool stop = false;		/* a crash ends the run */
+
+/*
+ * SQLSTATEs a call may end with, and why.  Anything else is a violation.
+ */
+static const char *const allowed[] = {
+	"22004",					/* dlock: NULL argument, NULL key column */
+	"22023",					/* dlock: bad key, ttl, wait, holder, template
+								 * giving a bad key */
+	"LF001",					/* dlock: fenced write refused */
+	"39P01",					/* dlock: fence_guard misused (templates,
+								 * types, AFTER, STATEMENT, TRUNCATE) */
+	"55P03",					/* dlock: acquire timed out */
+	"55000",					/* stats_reset not preloaded; prepared
+								 * transactions disabled; config_dump
+								 * outside a script */
+	"0A000",					/* PREPARE after using dlock; trigger function
+								 * called directly */
+	"25000",					/* dlock function in parallel mode */
+	"25006",					/* grant in a READ ONLY transaction */
+	"57014",					/* statement_timeout around unlimited waits */
+	"42501",					/* every attack of the ordinary role */
+	"55P02",					/* SET of a postmaster-only setting */
+	"42602",					/* SET of an unknown dlock.* setting: the
+								 * prefix is reserved */
+	"22007",					/* 'infinity'::interval and bad input syntax */
+	"22008",					/* interval out of range */
+	"22015",					/* interval field overflow */
+	"22003",					/* bigint out of range */
+	"22P02",					/* bad uuid, bad number input */
+	"22P03",					/* bad binary parameter (wrong length) */
+	"22021",					/* invalid UTF-8 from convert_from */
+	"22P05",					/* \u0000 in a string */
+	"54000",					/* chr(0), chr() of an invalid code point */
+	"22001",					/* value too long for varchar(n)/char(n) */
+	"23505",					/* duplicate key in a protected table */
+	"23514",					/* CHECK of a domain or view */
+	"44000",					/* WITH CHECK OPTION of a view */
+	"21000",					/* MERGE/ON CONFLICT touching a row twice */
+	"24000",					/* WHERE CURRENT OF without a current row */
+	"42P06",					/* CREATE SCHEMA of an existing name */
+	"42P07",					/* CREATE of an existing relation */
+	"42710",					/* CREATE of an existing object */
+	"42723",					/* CREATE of an existing function */
+	"42883",					/* a call with wrong argument types */
+	"42809",					/* statement on the wrong kind of object */
+	"42704",					/* object that does not exist (after refusal) */
+	"42P01",					/* relation that does not exist */
+	NULL
+};
+
+/* Uniform random number below n, from a seeded splitmix64. */
+static uint64
+rnd(uint64 n)
+{
+	uint64		z;
+
+	rng_state += UINT64CONST(0x9E3779B97F4A7C15);
+	z = rng_state;
+	z = (z ^ (z >> 30)) * UINT64CONST(0xBF58476D1CE4E5B9);
+	z = (z ^ (z >> 27)) * UINT64CONST(0x94D049BB133111EB);
+	z = z ^ (z >> 31);
+	return n ? z % n : z;
+}
+
+/* True with probability pct percent. */
+static bool
+chance(int pct)
+{
+	return (int) rnd(100) < pct;
+}
+
+#define PICK(arr) ((arr)[rnd(lengthof(arr))])
+
+/* Milliseconds on the monotonic clock. */
+static int64
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Count one more of name in table t. */
+static void
+count(Count *t, int *n, const char *name)
+{
+	int			i;
+
+	for (i = 0; i < *n; i++)
+		if (strcmp(t[i].name, name) == 0)
+		{
+			t[i].n++;
+			return;
+		}
+	if (*n < MAX_STATES)
+	{
+		strlcpy(t[*n].name, name, sizeof(t[*n].name));
+		t[*n].n = 1;
+		(*n)++;
+	}
+}
+
+/* The call's statements joined, cut at SQL_SHOWN bytes, for a report. */
+static char *
+call_text(const Call *c)
+{
+	PQExpBufferData buf;
+	int			i;
+
+	initPQExpBuffer(&buf);
+	for (i = 0; i < c->nstmt; i++)
+		appendPQExpBuffer(&buf, "%s%s", i ? "; " : "", c->stmt[i]);
+	if (buf.len > SQL_SHOWN)
+	{
+		buf.data[SQL_SHOWN] = '\0';
+		buf.len = SQL_SHOWN;
+		appendPQExpBufferStr(&buf, "...");
+	}
+	return buf.data;
+}
+
+/* Report a violation caused by call c (NULL: none in particular). */
+static void violation(const Call *c, const char *fmt,...) pg_attribute_printf(2, 3);
+
+static void
+violation(const Call *c, const char *fmt,...)
+{
+	va_list		ap;
+	char		msg[1024];
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	violations++;
+	if (violations > MAX_SHOWN)
+		return;
+	fprintf(stderr, "VIOLATION: %s\n", msg);
+	if (c)
+	{
+		char	   *t = call_text(c);
+
+		fprintf(stderr, "  call %ld [%s, as %s]: %s\n", calls_made, c->cat,
+				c->who == AS_SU ? "superuser" : role, t);
+		if (c->sqlstate)
+			fprintf(stderr, "  ended with %s: %.300s\n", c->sqlstate,
+					c->errmsg ? c->errmsg : "");
+		free(t);
+	}
+}
+
+/* Notices and warnings are expected by the hundred; keep them quiet. */
+static void
+quiet(void *arg, const PGresult *res)
+{
+	if (verbose)
+		fprintf(stderr, "%s", PQresultErrorMessage(res));
+}
+
+/* Connect with the common options, as user (NULL: as given), or exit. */
+static PGconn *
+connect_as(const char *user, const char *appname, const char *options)
+{
+	const char *kw[12];
+	const char *val[12];
+	int			n = 0;
+	int			i;
+	PGconn	   *conn;
+
+	for (i = 0; i < nconnopts; i++)
+	{
+		kw[n] = keywords[i];
+		val[n++] = values[i];
+	}
+	if (user)
+	{
+		kw[n] = "user";
+		val[n++] = user;
+	}
+	kw[n] = "application_name";
+	val[n++] = appname;
+	kw[n] = "options";
+	val[n++] = options;
+	kw[n] = NULL;
+	val[n] = NULL;
+	conn = PQconnectdbParams(kw, val, true);
+	if (PQstatus(conn) != CONNECTION_OK)
+	{
+		fprintf(stderr, "%s: could not connect: %s", progname,
+				PQerrorMessage(conn));
+		return conn;
+	}
+	PQsetNoticeProcessor(conn, NULL, NULL);
+	PQsetNoticeReceiver(conn, quiet, NULL);
+	return conn;
+}
+
+/* Run sql on conn; exit on failure (for setup). */
+static void
+must(PGconn *conn, const char *sql)
+{
+	PGresult   *res = PQexec(conn, sql);
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK &&
+		PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "%s: setup failed: %s\n  in: %.500s\n", progname,
+				PQerrorMessage(conn), sql);
+		exit(2);
+	}
+	PQclear(res);
+}
+
+/* Run a query returning one value on conn; the value, or exit. */
+static char *
+must_value(PGconn *conn, const char *sql)
+{
+	PGresult   *res = PQexec(conn, sql);
+	char	   *v;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+	{
+		fprintf(stderr, "%s: setup query failed: %s\n  in: %.500s\n",
+				progname, PQerrorMessage(conn), sql);
+		exit(2);
+	}
+	v = pg_strdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return v;
+}
+
+static int64 now_ms(void);
+
+/* Free what a digest holds. */
+static void
+free_digest(Digest *d)
+{
+	free(d->leases);
+	free(d->seq_called);
+	free(d->catalog);
+	free(d->tables);
+	free(d->started);
+	memset(d, 0, sizeof(*d));
+}
+
+/*
+ * Read the digest of the state over the digest connection.  False if it
+ * cannot be read (the server is gone, or an attack renamed something).
+ */
+static bool
+read_digest(Digest *d, bool full, char **err)
+{
+	PGresult   *res;
+	int64		t0 = now_ms();
+
+	res = PQexecPrepared(dig, full ? "digest_full" : "digest", 0, NULL, NULL, NULL, 0);
+	digest_ms += now_ms() - t0;
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+	{
+		*err = pg_strdup(PQerrorMessage(dig));
+		PQclear(res);
+		return false;
+	}
+	d->leases = pg_strdup(PQgetvalue(res, 0, 0));
+	d->seq = atoll(PQgetvalue(res, 0, 1));
+	d->seq_called = pg_strdup(PQgetvalue(res, 0, 2));
+	d->catalog = pg_strdup(full ? PQgetvalue(res, 0, 3) : cur.catalog);
+	d->tables = pg_strdup(PQgetvalue(res, 0, 4));
+	d->started = pg_strdup(PQgetvalue(res, 0, 5));
+	PQclear(res);
+	return true;
+}
+
+/* Prepare the digest query on the digest connection. */
+static void
+prepare_digest(void)
+{
+	PQExpBufferData q;
+	PGresult   *res;
+
+	initPQExpBuffer(&q);
+	appendPQExpBufferStr(&q,
+						 "WITH e AS (SELECT oid, extnamespace FROM pg_extension WHERE extname = 'dlock'),\n"
+						 " r AS (SELECT c.oid FROM pg_class c, e WHERE c.relnamespace = e.extnamespace)\n"
+						 "SELECT\n"
+						 " (SELECT md5(coalesce(string_agg(l::text, E'\\n' ORDER BY l.key COLLATE \"C\"), '')) FROM dlock.leases l),\n"
+						 " (SELECT last_value FROM dlock.fence_seq),\n"
+						 " (SELECT is_called::text FROM dlock.fence_seq),\n"
+						 " md5((SELECT string_agg(x, E'\\n' ORDER BY x COLLATE \"C\") FROM (\n"
+						 "  SELECT concat_ws(' ', 'ext', x.oid, x.extowner, x.extnamespace, x.extversion, x.extrelocatable, x.extconfig, x.extcondition) AS x FROM pg_extension x WHERE x.extname = 'dlock'\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'ns', n.oid, n.nspname, n.nspowner, coalesce(n.nspacl, acldefault('n', n.nspowner))) FROM pg_namespace n, e WHERE n.oid = e.extnamespace OR n.nspname IN ('dlock', 'fz')\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'rel', c.oid, c.relname, c.relnamespace, c.relowner, coalesce(c.relacl, acldefault(CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END::\"char\", c.relowner)), c.relkind, c.relpersistence, c.relfilenode, c.reltype, c.relhastriggers, c.relhasrules, c.relrowsecurity, c.relforcerowsecurity, c.relhasindex, c.relreplident, c.reloptions) FROM pg_class c WHERE c.relnamespace IN (SELECT extnamespace FROM e) OR c.relnamespace = 'fz'::regnamespace\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'att', a.attrelid, a.attnum, a.attname, a.atttypid, a.attnotnull, a.attisdropped, a.atthasdef, a.attgenerated, a.attacl) FROM pg_attribute a WHERE a.attrelid IN (SELECT oid FROM r) AND a.attnum > 0\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'def', d.adrelid, d.adnum, pg_get_expr(d.adbin, d.adrelid)) FROM pg_attrdef d WHERE d.adrelid IN (SELECT oid FROM r)\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'con', o.conrelid, o.conname, o.contype, o.convalidated) FROM pg_constraint o WHERE o.conrelid IN (SELECT oid FROM r)\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'proc', p.oid, p.proname, p.pronamespace, p.proowner, coalesce(p.proacl, acldefault('f', p.proowner)), p.prosecdef, p.provolatile, p.proparallel, p.proisstrict, p.proconfig, p.prolang, p.prosrc, p.probin, p.proargtypes) FROM pg_proc p, e WHERE p.pronamespace = e.extnamespace\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'type', t.oid, t.typname, t.typowner, coalesce(t.typacl, acldefault('T', t.typowner)), t.typrelid) FROM pg_type t, e WHERE t.typnamespace = e.extnamespace\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'op', o.oid, o.oprname) FROM pg_operator o, e WHERE o.oprnamespace = e.extnamespace\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'trg', t.tgrelid, t.tgname, t.tgfoid, t.tgtype, t.tgenabled, encode(t.tgargs, 'hex')) FROM pg_trigger t WHERE t.tgrelid IN (SELECT oid FROM r) OR t.tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'fz'::regnamespace)\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'rule', w.ev_class, w.rulename, w.ev_enabled) FROM pg_rewrite w WHERE w.ev_class IN (SELECT oid FROM r) OR w.ev_class IN (SELECT oid FROM pg_class WHERE relnamespace = 'fz'::regnamespace)\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'pol', p.polrelid, p.polname) FROM pg_policy p WHERE p.polrelid IN (SELECT oid FROM r)\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'seq', s.seqrelid, s.seqtypid, s.seqstart, s.seqincrement, s.seqmax, s.seqmin, s.seqcache, s.seqcycle) FROM pg_sequence s WHERE s.seqrelid IN (SELECT oid FROM r)\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'member', count(*)) FROM pg_depend d, e WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid AND d.deptype = 'e'\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'pub', p.prrelid) FROM pg_publication_rel p WHERE p.prrelid IN (SELECT oid FROM r)\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'setting', s.setdatabase, s.setrole, s.setconfig) FROM pg_db_role_setting s\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'paramacl', p.parname, p.paracl) FROM pg_parameter_acl p\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'evt', v.evtname) FROM pg_event_trigger v\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'role', a.rolname, a.rolsuper, a.rolinherit, a.rolcreaterole, a.rolcreatedb, a.rolreplication, a.rolbypassrls) FROM pg_roles a WHERE a.rolname = current_setting('dlock_fuzz.role')\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'member-of', m.roleid, m.member) FROM pg_auth_members m\n"
+						 "  UNION ALL SELECT concat_ws(' ', 'db', d.datname, d.datdba, coalesce(d.datacl, acldefault('d', d.datdba))) FROM pg_database d WHERE d.datname = current_database()\n"
+						 " ) s) || ");
+	appendPQExpBufferStr(&q, odd_tables_sql);
+	appendPQExpBufferStr(&q, "),\n ");
+	appendPQExpBufferStr(&q, tables_sql);
+	appendPQExpBufferStr(&q, ",\n pg_postmaster_start_time()::text");
+	res = PQprepare(dig, "digest_full", q.data, 0, NULL);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		fprintf(stderr, "%s: cannot prepare the digest: %s", progname,
+				PQerrorMessage(dig));
+		exit(2);
+	}
+	PQclear(res);
+	termPQExpBuffer(&q);
+
+	/* the same without the catalog, for calls that make no DDL */
+	initPQExpBuffer(&q);
+	appendPQExpBuffer(&q,
+					  "SELECT\n"
+					  " (SELECT md5(coalesce(string_agg(l::text, E'\\n' ORDER BY l.key COLLATE \"C\"), '')) FROM dlock.leases l),\n"
+					  " (SELECT last_value FROM dlock.fence_seq),\n"
+					  " (SELECT is_called::text FROM dlock.fence_seq),\n"
+					  " NULL::text,\n %s,\n pg_postmaster_start_time()::text",
+					  tables_sql);
+	res = PQprepare(dig, "digest", q.data, 0, NULL);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		fprintf(stderr, "%s: cannot prepare the digest: %s", progname,
+				PQerrorMessage(dig));
+		exit(2);
+	}
+	PQclear(res);
+	termPQExpBuffer(&q);
+}
+
+/*
+ * Read the digest as the new baseline after a step that is not a call (a
+ * reconnection, maintenance).  A failure is a crash: it ends the run.
+ */
+static void
+refresh_digest(void)
+{
+	Digest		after;
+	char	   *err;
+
+	if (!read_digest(&after, true, &err))
+	{
+		crashes++;
+		stop = true;
+		violation(NULL, "cannot read the state (crash?): %s", err);
+		free(err);
+		return;
+	}
+	free_digest(&cur);
+	cur = after;
+}
+
+/* Add a statement (printf-style) to call c. */
+static void add(Call *c, const char *fmt,...) pg_attribute_printf(2, 3);
+
+static void
+add(Call *c, const char *fmt,...)
+{
+	va_list		ap;
+	size_t		len = 256;
+	char	   *buf;
+
+	if (c->nstmt >= MAX_STMTS)
+	{
+		fprintf(stderr, "%s: too many statements in a call\n", progname);
+		exit(2);
+	}
+	for (;;)
+	{
+		int			n;
+
+		buf = pg_malloc(len);
+		va_start(ap, fmt);
+		n = vsnprintf(buf, len, fmt, ap);
+		va_end(ap);
+		if (n >= 0 && (size_t) n < len)
+			break;
+		free(buf);
+		len = n >= 0 ? (size_t) n + 1 : len * 2;
+	}
+	c->stmt[c->nstmt++] = buf;
+}
+
+/* A fresh call of category cat. */
+static Call *
+new_call(const char *cat, Who who, Expect expect)
+{
+	Call	   *c = pg_malloc0(sizeof(Call));
+
+	c->cat = cat;
+	c->who = who;
+	c->expect = expect;
+	return c;
+}
+
+/* Free a call. */
+static void
+free_call(Call *c)
+{
+	int			i;
+
+	for (i = 0; i < c->nstmt; i++)
+		free(c->stmt[i]);
+	for (i = 0; i < c->nparams; i++)
+		free(c->pvalues[i]);
+	free(c->copydata);
+	free(c->accept_key);
+	free(c->sqlstate);
+	free(c->errmsg);
+	free(c->value);
+	free(c->value2);
+	free(c);
+}
+
+/* Is SQLSTATE s in the allowlist? */
+static bool
+is_allowed(const char *s)
+{
+	int			i;
+
+	for (i = 0; allowed[i]; i++)
+		if (strcmp(allowed[i], s) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Query the live lease of key (an SQL expression) over the digest
+ * connection: its current token (-1 when the key has no row) and whether
+ * it is held with more than a second to go.
+ */
+static long long
+key_state(const char *key, bool *live, bool *ended)
+{
+	char	   *sql;
+	PGresult   *res;
+	long long	fence = -1;
+
+	*live = false;
+	*ended = true;
+	sql = psprintf("SELECT fence, state = 'held' AND remaining > '1 s', state <> 'held' "
+				   "FROM dlock.lease_status WHERE key = %s", key);
+	res = PQexec(dig, sql);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+	{
+		fence = atoll(PQgetvalue(res, 0, 0));
+		*live = PQgetvalue(res, 0, 1)[0] == 't';
+		*ended = PQgetvalue(res, 0, 2)[0] == 't';
+	}
+	PQclear(res);
+	free(sql);
+	return fence;
+}
+
+/* Run one statement of call c on conn; false when it failed. */
+static bool
+run_stmt(PGconn *conn, Call *c, int i)
+{
+	PGresult   *res;
+	ExecStatusType st;
+	const char *tuples;
+
+	if (c->nparams > 0 && strstr(c->stmt[i], "$1"))
+		res = PQexecParams(conn, c->stmt[i], c->nparams, c->ptypes,
+						   (const char *const *) c->pvalues, c->plengths,
+						   c->pformats, 0);
+	else
+		res = PQexec(conn, c->stmt[i]);
+	st = PQresultStatus(res);
+	if (st == PGRES_COPY_IN)
+	{
+		PQclear(res);
+		if (PQputCopyData(conn, c->copydata ? c->copydata : "",
+						  c->copydata ? strlen(c->copydata) : 0) != 1 ||
+			PQputCopyEnd(conn, NULL) != 1)
+		{
+			c->lost = true;
+			return false;
+		}
+		res = PQgetResult(conn);
+		st = PQresultStatus(res);
+		/* drain */
+		{
+			PGresult   *more;
+
+			while ((more = PQgetResult(conn)) != NULL)
+				PQclear(more);
+		}
+	}
+	if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
+	{
+		tuples = PQcmdTuples(res);
+		if (tuples[0] && strncmp(PQcmdStatus(res), "SELECT", 6) != 0 &&
+			strncmp(PQcmdStatus(res), "FETCH", 5) != 0 &&
+			strncmp(PQcmdStatus(res), "MOVE", 4) != 0)
+			c->changed += atoll(tuples);
+		if (st == PGRES_TUPLES_OK && PQnfields(res) > 0)
+		{
+			free(c->value);
+			free(c->value2);
+			c->ntuples = PQntuples(res);
+			c->value = NULL;
+			c->value2 = NULL;
+			c->value_null = true;
+			if (c->ntuples > 0 && !PQgetisnull(res, 0, 0))
+			{
+				c->value = pg_strdup(PQgetvalue(res, 0, 0));
+				c->value_null = false;
+			}
+			if (c->ntuples > 0 && PQnfields(res) > 1 && !PQgetisnull(res, 0, 1))
+				c->value2 = pg_strdup(PQgetvalue(res, 0, 1));
+		}
+		if (strncmp(c->stmt[i], "PREPARE TRANSACTION", 19) == 0)
+			c->prepared = true;
+		PQclear(res);
+		return true;
+	}
+	{
+		const char *s = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+		c->errmsg = pg_strdup(PQerrorMessage(conn));
+		if (s == NULL || PQstatus(conn) != CONNECTION_OK ||
+			strncmp(s, "57P", 3) == 0 || strncmp(s, "08", 2) == 0)
+		{
+			c->lost = true;
+			c->sqlstate = pg_strdup(s ? s : "conn-lost");
+		}
+		else
+			c->sqlstate = pg_strdup(s);
+	}
+	PQclear(res);
+	return false;
+}
+
+/* Wait for the server to take connections again, and reconnect all. */
+static void
+reconnect_all(void)
+{
+	int			i;
+
+	for (i = 0; i < 60; i++)
+	{
+		PQfinish(dig);
+		dig = connect_as(NULL, "dlock-fuzz-digest",
+						 psprintf("-c search_path=pg_catalog -c dlock_fuzz.role=%s", role));
+		if (PQstatus(dig) == CONNECTION_OK)
+			break;
+		sleep(1);
+	}
+	if (PQstatus(dig) != CONNECTION_OK)
+	{
+		fprintf(stderr, "%s: the server did not come back\n", progname);
+		exit(1);
+	}
+	prepare_digest();
+	free(digest_pid);
+	digest_pid = must_value(dig, "SELECT pg_backend_pid()");
+	PQfinish(su);
+	su = connect_as(NULL, "dlock-fuzz-su", "-c statement_timeout=10s");
+	PQfinish(usr);
+	usr = connect_as(role, "dlock-fuzz-usr", "-c statement_timeout=10s");
+	evil_path = false;
+	usr_loaded = false;
+}
+
+/*
+ * Make call c and check it: record its outcome in the histograms, compare
+ * the digest with the one before it, and report violations.
+ */
+static void
+make_call(Call *c)
+{
+	PGconn	   *conn = c->who == AS_SU ? su : usr;
+	Digest		after;
+	char	   *err = NULL;
+	int			i;
+	bool		refused;
+	bool		full;
+	int64		t0;
+	char		catstate[64];
+
+	calls_made++;
+	t0 = now_ms();
+	for (i = 0; i < c->nstmt; i++)
+		if (!run_stmt(conn, c, i))
+			break;
+	{
+		int			j;
+
+		for (j = 0; j < ntimes && strcmp(times[j].name, c->cat) != 0; j++)
+			;
+		if (j == ntimes && ntimes < MAX_STATES)
+			strlcpy(times[ntimes++].name, c->cat, sizeof(times[0].name));
+		if (j < ntimes)
+			times[j].n += now_ms() - t0;
+	}
+	if (!c->lost && PQstatus(conn) != CONNECTION_OK)
+	{
+		c->lost = true;
+		if (!c->sqlstate)
+			c->sqlstate = pg_strdup("conn-lost");
+	}
+	if (!c->lost && PQtransactionStatus(conn) != PQTRANS_IDLE)
+	{
+		PGresult   *res = PQexec(conn, "ROLLBACK");
+
+		PQclear(res);
+	}
+	if (c->prepared)
+	{
+		PGresult   *res = PQexec(su, "ROLLBACK PREPARED 'dlock_fuzz'");
+
+		PQclear(res);
+		if (c->uses_dlock)
+			violation(c, "PREPARE TRANSACTION succeeded after the transaction used dlock");
+	}
+	refused = c->sqlstate != NULL;
+	if (c->who == AS_USR && !refused)
+		for (i = 0; i < c->nstmt; i++)
+			if (strstr(c->stmt[i], "dlock.") || strstr(c->stmt[i], "fz."))
+				usr_loaded = true;
+	count(states, &nstates, refused ? c->sqlstate : "00000");
+	snprintf(catstate, sizeof(catstate), "%s %s", c->cat,
+			 refused ? c->sqlstate : "00000");
+	count(cats, &ncats, catstate);
+
+	if (c->lost)
+	{
+		crashes++;
+		stop = true;
+		violation(c, "connection lost (crash?)");
+		reconnect_all();
+	}
+	else if (refused && strncmp(c->sqlstate, "XX", 2) == 0)
+		violation(c, "internal error %s", c->sqlstate);
+	else if (refused && !is_allowed(c->sqlstate))
+		violation(c, "SQLSTATE %s is not in the allowlist", c->sqlstate);
+
+	/*
+	 * dlock's catalog entries are read after every call that could make DDL
+	 * (attacks, templates, session settings) and after every 20th call.
+	 */
+	full = strcmp(c->cat, "attack") == 0 || strcmp(c->cat, "template") == 0 ||
+		strncmp(c->cat, "odd", 3) == 0 ||
+		strcmp(c->cat, "session") == 0 || strcmp(c->cat, "injected") == 0 ||
+		calls_made % 20 == 0;
+	if (!read_digest(&after, full, &err))
+	{
+		crashes++;
+		stop = true;
+		violation(c, "cannot read the state afterwards (crash?): %s", err);
+		free(err);
+		reconnect_all();
+		if (!read_digest(&after, true, &err))
+		{
+			fprintf(stderr, "%s: cannot read the state: %s", progname, err);
+			exit(1);
+		}
+	}
+	if (strcmp(after.started, cur.started) != 0)
+	{
+		crashes++;
+		stop = true;
+		violation(c, "the server restarted (postmaster start time %s, was %s)",
+				  after.started, cur.started);
+	}
+	if (stop)
+	{
+		/* after a crash the state says nothing about this call */
+		free_digest(&cur);
+		cur = after;
+		return;
+	}
+
+	if (!refused)
+	{
+		switch (c->expect)
+		{
+			case EXP_REFUSE:
+				violation(c, "attack succeeded (it must be refused)");
+				break;
+			case EXP_VALUE:
+				if (c->ntuples != 1 ||
+					(c->expect_value == NULL) != c->value_null ||
+					(c->expect_value && strcmp(c->expect_value, c->value) != 0))
+					violation(c, "returned %s, must return %s",
+							  c->ntuples == 0 ? "no row" :
+							  c->value_null ? "NULL" : c->value,
+							  c->expect_value ? c->expect_value : "NULL");
+				break;
+			case EXP_NOROWS:
+				if (c->ntuples != 0)
+					violation(c, "returned %d rows: a held key was granted to another",
+							  c->ntuples);
+				break;
+			case EXP_STALE:
+				if (c->changed > 0)
+					violation(c, "a write under a token that is not current changed %lld rows",
+							  c->changed);
+				break;
+			case EXP_ACCEPT:
+				accepted_writes++;
+				break;
+			default:
+				break;
+		}
+	}
+	else
+	{
+		if (c->expect == EXP_REFUSE)
+			forgeries_refused++;
+		if (c->expect == EXP_STALE)
+			stale_refused++;
+		if (c->expect == EXP_ACCEPT && strcmp(c->sqlstate, "LF001") == 0)
+		{
+			bool		live;
+			bool		ended;
+			long long	f = key_state(c->accept_key, &live, &ended);
+
+			if (f == c->accept_token && live)
+				violation(c, "a write under the current token %lld of a live lease was refused",
+						  c->accept_token);
+		}
+	}
+
+	/* state: a refused call, or one that must change nothing */
+	if (refused || c->expect == EXP_REFUSE || c->expect == EXP_NOCHANGE ||
+		c->expect == EXP_VALUE || c->expect == EXP_NOROWS ||
+		c->expect == EXP_STALE)
+	{
+		bool		seq_ok;
+
+		/* a grant rolled back or refused late still drew its token */
+		if (c->api)
+			seq_ok = after.seq >= cur.seq;
+		else
+			seq_ok = after.seq == cur.seq &&
+				strcmp(after.seq_called, cur.seq_called) == 0;
+		if (strcmp(after.leases, cur.leases) != 0)
+			violation(c, "dlock.leases changed");
+		if (!seq_ok)
+			violation(c, "dlock.fence_seq moved from %lld to %lld",
+					  cur.seq, after.seq);
+		if (strcmp(after.catalog, cur.catalog) != 0)
+			violation(c, "dlock's catalog entries or the odd-type tables changed%s",
+					  full ? "" : " (by this call or one of the 20 before)");
+		if (strcmp(after.tables, cur.tables) != 0)
+			violation(c, "the protected tables changed");
+	}
+	free_digest(&cur);
+	cur = after;
+	if (verbose)
+	{
+		char	   *t = call_text(c);
+
+		fprintf(stderr, "%ld %s %s: %s\n", calls_made, c->cat,
+				refused ? c->sqlstate : "00000", t);
+		free(t);
+	}
+}
+
+/* Make call c, then free it. */
+static void
+call(Call *c)
+{
+	make_call(c);
+	free_call(c);
+}
+
+/* ---- argument pools (SQL expressions) --------------------------------- */
+
+static const char *const hostile_keys[] = {
+	"NULL", "''", "' '", "'a'",
+	"repeat('a', 511)", "repeat('a', 512)", "repeat('a', 513)",
+	"repeat('a', 510) || E'\\u00e9'",	/* 512 bytes */
+	"repeat('a', 511) || E'\\u00e9'",	/* 513: the character straddles */
+	"repeat('a', 508) || E'\\U0001F600'",	/* 512 */
+	"repeat('a', 509) || E'\\U0001F600'",	/* 513 */
+	"repeat('a', 510) || E'\\u20ac'",	/* 513 */
+	"repeat(E'\\u00e9', 256)", "repeat(E'\\u00e9', 256) || 'a'",
+	"repeat(E'\\u20ac', 170) || 'ab'", "repeat(E'\\u20ac', 171)",
+	"repeat(E'\\U0001F600', 128)", "repeat(E'\\U0001F600', 128) || 'a'",
+	"repeat('x', 10485760)",
+	"E'e\\u0301\\u0301\\u0301\\u0301'", "E'\\u202Eevil\\u202C'",
+	"E'\\u200B'", "E'\\uFEFF'", "E'\\U0010FFFF'", "E'\\U0001F600'",
+	"E'\\u0627\\u0644\\u200F'", "E'\\uFFFD'",
+	"E'a\\tb\\nc\\r'", "E'\\\\'", "'\"'", "''''", "'{'", "'}'", "'{k}'",
+	"'%s%n%x'", "'fz:k0 '", "upper('fz:k0')", "'FZ:K0'",
+	"convert_from('\\xc3'::bytea, 'UTF8')",
+	"convert_from('\\xeda080'::bytea, 'UTF8')",
+	"convert_from('\\xf4908080'::bytea, 'UTF8')",
+	"convert_from('\\xc0af'::bytea, 'UTF8')",
+	"chr(0)", "chr(55296)", "chr(1114112)",
+	"repeat('k', 600)::varchar(511)",
+	"(SELECT string_agg(chr(n), '') FROM generate_series(1, 127) n)",
+	"(SELECT string_agg(chr(n), '') FROM generate_series(1, 600) n)",
+	"1::text", "'fz:g0'", "'fz:g1'",
+};
+
+static const char *const ttls[] = {
+	"NULL", "'0'", "'-0'", "'-1 us'", "'1 us'", "'1 ms'", "'20 ms'",
+	"'200 ms'", "'1 s'", "'5 s'", "'1 hour'", "'1 day'", "'1 day 1 us'",
+	"'24 days'", "'infinity'", "'-infinity'", "'1000000 years'",
+	"'-1000000 years'", "'178956970 years 7 months'",
+	"'-178956970 years -8 months'", "'1 mon'",
+	"'1 mon -29 days -23:59:59.999999'", "'-1 mon +30 days 00:00:00.000001'",
+	"'1 day -86399.999999 s'", "'2147483647 days'", "'-2147483648 days'",
+	"'2147483647 hours'", "'-2147483648 days 2147483647 hours'",
+	"'@ 1 hour ago'", "'P1D'", "'PT0.000001S'", "'00:00:00.0000001'",
+	"'1 year -12 months 1 us'", "'1 week'", "'1 millennium'",
+	"make_interval(secs => 1e300)", "interval '1 s' * 1e12",
+	"'1 s'::text", "'10 s'::interval(0)",
+};
+
+static const char *const waits[] = {
+	"'0'", "'1 ms'", "'2 ms'", "'-1 us'", "'1 mon -30 days'", "'infinity'",
+	"'-1000000 years'", "'10 ms'",
+};
+
+static const char *const fences[] = {
+	"NULL", "0", "-1", "1", "2", "9223372036854775807",
+	"(-9223372036854775807 - 1)", "9223372036854775808::bigint",
+	"'-9223372036854775808'", "'x'::bigint", "1.5::bigint",
+};
+
+static const char *const owners[] = {
+	"NULL", "'00000000-0000-0000-0000-000000000000'",
+	"'ffffffff-ffff-ffff-ffff-ffffffffffff'", "gen_random_uuid()",
+	"'not-a-uuid'::uuid", "'{00000000-0000-0000-0000-000000000000}'",
+	"md5('x')::uuid",
+};
+
+static const char *const holders[] = {
+	"NULL", "''", "'w'", "repeat('h', 1024)", "repeat('h', 1025)",
+	"repeat(E'\\u00e9', 512)", "repeat(E'\\u00e9', 512) || 'x'",
+	"repeat('x', 10485760)", "E'\\u202E\\u0301'", "E'\\n\\\\\"\\t'",
+};
+
+static const char *const delays[] = {
+	"NULL", "'0'", "'-1 us'", "'1 ms'", "'10 ms'", "'1 day 1 us'",
+	"'1000000 years'", "'infinity'", "'-1 mon +30 days'",
+};
+
+static const char *const bools[] = {"NULL", "true", "false"};
+
+static const char *const ages[] = {
+	"NULL", "'0'", "'-1 us'", "'1 ms'", "'1 day'", "'1000000 years'",
+	"'-1000000 years'", "'infinity'", "'178956970 years 7 months'",
+};
+
+/* A key: a pool key, a guard key or a hostile one. */
+static const char *
+any_key(void)
+{
+	int			r = rnd(100);
+
+	if (r < 55)
+		return pool_keys[rnd(NPOOL)];
+	if (r < 65)
+		return guard_keys[rnd(NGUARD)];
+	return PICK(hostile_keys);
+}
+
+/* A ttl: mostly short ones that let keys change hands. */
+static const char *
+any_ttl(void)
+{
+	static const char *const usual[] = {"'20 ms'", "'100 ms'", "'1 s'", "'5 s'"};
+
+	return chance(50) ? PICK(usual) : PICK(ttls);
+}
+
+/* Index of the pool key k (a pointer from pool_keys), or -1. */
+static int
+pool_index(const char *k)
+{
+	int			i;
+
+	for (i = 0; i < NPOOL; i++)
+		if (k == pool_keys[i])
+			return i;
+	return -1;
+}
+
+/* Index of the guard key k, or -1. */
+static int
+guard_index(const char *k)
+{
+	int			i;
+
+	for (i = 0; i < NGUARD; i++)
+		if (k == guard_keys[i])
+			return i;
+	return -1;
+}
+
+/*
+ * A grant of a pool key by who, in a plain form whose result we keep, so
+ * that later calls have a real owner and token.
+ */
+static void
+grant_pool(Who who, int i, const char *ttl)
+{
+	Call	   *c = new_call("grant", who, EXP_ANY);
+
+	c->api = true;
+	add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, %s, holder => 'fuzz')",
+		pool_keys[i], ttl);
+	make_call(c);
+	if (!c->sqlstate && c->ntuples == 1 && c->value && c->value2)
+	{
+		free(held[i].owner);
+		held[i].owner = psprintf("'%s'", c->value2);
+		held[i].fence = atoll(c->value);
+	}
+	free_call(c);
+}
+
+/* ---- the generators ------------------------------------------------------ */
+
+/*
+ * A call of dlock's lease API with random arguments, by the ordinary role
+ * (sometimes by the superuser), in a random wrapping.
+ */
+static void
+gen_api(void)
+{
+	Who			who = chance(15) ? AS_SU : AS_USR;
+	Call	   *c;
+	const char *key = any_key();
+	int			g = guard_index(key);
+	int			p = pool_index(key);
+	int			f = rnd(13);
+	char	   *body = NULL;
+	Expect		expect = EXP_ANY;
+	const char *expval = NULL;
+
+	switch (f)
+	{
+		case 0:
+		case 1:
+			/* try_acquire */
+			{
+				PQExpBufferData b;
+
+				initPQExpBuffer(&b);
+				appendPQExpBuffer(&b, "SELECT count(*) FROM dlock.try_acquire(%s, %s", key, any_ttl());
+				if (chance(30))
+					appendPQExpBuffer(&b, ", holder => %s", PICK(holders));
+				if (chance(20))
+					appendPQExpBuffer(&b, ", lock_delay => %s", PICK(delays));
+				if (chance(20))
+					appendPQExpBuffer(&b, ", session_bound => %s", PICK(bools));
+				appendPQExpBufferStr(&b, ")");
+				body = b.data;
+				if (g >= 0)
+				{
+					expect = EXP_VALUE;
+					expval = "0";
+				}
+				break;
+			}
+		case 2:
+			/* acquire with a short wait */
+			{
+				PQExpBufferData b;
+				const char *w = PICK(waits);
+
+				initPQExpBuffer(&b);
+				appendPQExpBuffer(&b, "SELECT fence FROM dlock.acquire(%s, %s, wait => %s", key, any_ttl(), w);
+				if (chance(30))
+					appendPQExpBuffer(&b, ", holder => %s", PICK(holders));
+				if (chance(20))
+					appendPQExpBuffer(&b, ", lock_delay => %s", PICK(delays));
+				if (chance(20))
+					appendPQExpBuffer(&b, ", session_bound => %s", PICK(bools));
+				appendPQExpBufferStr(&b, ")");
+				body = b.data;
+				if (g >= 0)
+					expect = EXP_REFUSE;
+				break;
+			}
+		case 3:
+			/* acquire without a limit of its own: statement_timeout ends it */
+			{
+				c = new_call("api", who, g >= 0 ? EXP_REFUSE : EXP_ANY);
+				c->api = true;
+				add(c, "BEGIN");
+				add(c, "SET LOCAL statement_timeout = '%dms'", 5 + (int) rnd(20));
+				add(c, "SELECT fence FROM dlock.acquire(%s, %s, wait => %s)", key,
+					any_ttl(), chance(50) ? "NULL" : "'1000000 years'");
+				add(c, "COMMIT");
+				call(c);
+				return;
+			}
+		case 4:
+			/* renew */
+			{
+				const char *o = (p >= 0 && held[p].owner && chance(60)) ?
+				held[p].owner : PICK(owners);
+
+				body = psprintf("SELECT dlock.renew(%s, %s, %s)", key, o, any_ttl());
+				if (g >= 0)
+				{
+					expect = EXP_VALUE;
+					expval = NULL;
+				}
+				break;
+			}
+		case 5:
+			/* release */
+			{
+				const char *o = (p >= 0 && held[p].owner && chance(60)) ?
+				held[p].owner : PICK(owners);
+
+				body = psprintf("SELECT dlock.release(%s, %s)", key, o);
+				if (g >= 0)
+				{
+					expect = EXP_VALUE;
+					expval = "f";
+				}
+				break;
+			}
+		case 6:
+		case 7:
+			/* use_fence / check_fence */
+			{
+				char	   *fe;
+				long long	fv = 0;
+				bool		known = false;
+
+				if (p >= 0 && held[p].fence && chance(50))
+				{
+					fv = held[p].fence + (chance(70) ? 0 : (chance(50) ? 1 : -1));
+					fe = psprintf("%lld", fv);
+					known = true;
+				}
+				else if (g >= 0 && chance(30))
+				{
+					fv = guard_fence[g] + (chance(50) ? 1 : -1);
+					fe = psprintf("%lld", fv);
+					known = true;
+				}
+				else
+				{
+					fe = pg_strdup(PICK(fences));
+					/* the small ones may be a guard's current token */
+					if (strcmp(fe, "1.5::bigint") == 0)
+					{
+						fv = 2;
+						known = true;
+					}
+					else if (strcmp(fe, "1") == 0 || strcmp(fe, "2") == 0)
+					{
+						fv = atoll(fe);
+						known = true;
+					}
+				}
+				if (f == 6)
+				{
+					body = psprintf("SELECT dlock.use_fence(%s, %s)", key, fe);
+					if (g >= 0 && (!known || fv != guard_fence[g]) &&
+						strcmp(fe, "NULL") != 0)
+						expect = EXP_REFUSE;
+				}
+				else
+				{
+					body = psprintf("SELECT dlock.check_fence(%s, %s)", key, fe);
+					if (g >= 0 && (!known || fv != guard_fence[g]))
+					{
+						expect = EXP_VALUE;
+						expval = "f";
+					}
+				}
+				free(fe);
+				break;
+			}
+		case 8:
+			/* prune */
+			body = psprintf("SELECT dlock.prune(%s)", PICK(ages));
+			if (who == AS_USR)
+				expect = EXP_REFUSE;
+			break;
+		case 9:
+			/* stats_reset */
+			body = pg_strdup("SELECT dlock.stats_reset()");
+			if (who == AS_USR)
+				expect = EXP_REFUSE;
+			break;
+		case 10:
+			/* the views and their functions */
+			{
+				static const char *const views[] = {
+					"SELECT count(*) FROM dlock.lease_status WHERE key = %s",
+					"SELECT count(*) FROM dlock.stats WHERE key = %s OR key IS NULL",
+					"SELECT count(*) FROM dlock.lease_status() WHERE key = %s",
+					"SELECT count(*) FROM dlock.stats() s WHERE s.key IS DISTINCT FROM %s",
+					"SELECT state, remaining > '0' FROM dlock.lease_status WHERE key = %s",
+					"SELECT sum(acquired) FROM dlock.stats WHERE key >= %s",
+				};
+
+				body = psprintf(PICK(views), key);
+				expect = EXP_NOCHANGE;
+				break;
+			}
+		case 11:
+			/* wrong types, direct trigger call, positional calls */
+			{
+				static const char *const odd[] = {
+					"SELECT dlock.fence_guard()",
+					"SELECT * FROM dlock.try_acquire(1, 2)",
+					"SELECT * FROM dlock.try_acquire(%s, '1 s', NULL, NULL, NULL)",
+					"SELECT * FROM dlock.acquire(%s, '1 s', '0', NULL, NULL, NULL)",
+					"SELECT (dlock.try_acquire(%s, '20 ms')).*",
+					"SELECT dlock.renew(%s, NULL::uuid, NULL::interval)",
+					"SELECT dlock.release(%s, 'fz:k0')",
+					"SELECT dlock.use_fence(%s, 1.5)",
+					"SELECT dlock.check_fence(%s, NULL::bigint)",
+					"SELECT * FROM dlock.try_acquire(key => %s, ttl => '20 ms', holder => NULL, lock_delay => NULL, session_bound => true)",
+				};
+
+				body = psprintf(PICK(odd), key);
+				break;
+			}
+		default:
+			/* binary parameters: intervals and uuids no text can spell */
+			{
+				static const int64 times[] = {
+					PG_INT64_MAX, PG_INT64_MIN, 0, 1, -1, 20000,
+					INT64CONST(86400000000), INT64CONST(-86400000000)
+				};
+				static const int32 days[] = {0, 1, -1, PG_INT32_MAX, PG_INT32_MIN};
+				static const int32 months[] = {0, 1, -1, PG_INT32_MAX, PG_INT32_MIN};
+				char	   *iv = pg_malloc(16);
+				int64		t = PICK(times);
+				int32		d = PICK(days);
+				int32		m = PICK(months);
+				uint32		hi = (uint32) ((uint64) t >> 32);
+				uint32		lo = (uint32) t;
+				uint32		ud = (uint32) d;
+				uint32		um = (uint32) m;
+				int			fn = rnd(3);
+				int			j;
+
+				for (j = 0; j < 4; j++)
+				{
+					iv[j] = (char) (hi >> (24 - 8 * j));
+					iv[4 + j] = (char) (lo >> (24 - 8 * j));
+					iv[8 + j] = (char) (ud >> (24 - 8 * j));
+					iv[12 + j] = (char) (um >> (24 - 8 * j));
+				}
+				c = new_call("api-binary", who, EXP_ANY);
+				c->api = true;
+				if (fn == 0)
+					add(c, "SELECT count(*) FROM dlock.try_acquire(%s, $1)", key);
+				else if (fn == 1)
+				{
+					/* a wait of days: statement_timeout ends it */
+					add(c, "BEGIN");
+					add(c, "SET LOCAL statement_timeout = '20ms'");
+					add(c, "SELECT fence FROM dlock.acquire(%s, '20 ms', wait => $1)", key);
+					add(c, "COMMIT");
+				}
+				else
+					add(c, "SELECT dlock.prune($1)");
+				c->nparams = 1;
+				c->ptypes[0] = 1186;	/* interval */
+				c->pvalues[0] = iv;
+				c->plengths[0] = 16;
+				c->pformats[0] = 1;
+				if (fn == 0 && g >= 0)
+				{
+					c->expect = EXP_VALUE;
+					c->expect_value = "0";
+				}
+				else if (fn == 1 && g >= 0)
+					c->expect = EXP_REFUSE;
+				else if (fn == 2 && who == AS_USR)
+					c->expect = EXP_REFUSE;
+				call(c);
+				return;
+			}
+	}
+
+	c = new_call("api", who, expect);
+	c->api = true;
+	c->expect_value = expval;
+	/* wrap it */
+	switch (rnd(10))
+	{
+		case 0:
+			add(c, "BEGIN");
+			add(c, "%s", body);
+			add(c, "COMMIT");
+			break;
+		case 1:
+			add(c, "BEGIN READ ONLY");
+			add(c, "%s", body);
+			add(c, "COMMIT");
+			break;
+		case 2:
+			add(c, "BEGIN ISOLATION LEVEL SERIALIZABLE");
+			add(c, "SELECT count(*) FROM dlock.leases WHERE key = %s", key);
+			add(c, "%s", body);
+			add(c, "COMMIT");
+			break;
+		case 3:
+			/* rolled back to a savepoint: must leave no trace but tokens */
+			add(c, "BEGIN");
+			add(c, "SAVEPOINT s");
+			add(c, "%s", body);
+			add(c, "ROLLBACK TO s");
+			add(c, "COMMIT");
+			if (c->expect == EXP_ANY)
+				c->expect = EXP_NOCHANGE;
+			else if (c->expect == EXP_VALUE)
+				c->expect = EXP_ANY;	/* the value is no longer the last one */
+			break;
+		case 4:
+			add(c, "BEGIN");
+			add(c, "%s", body);
+			add(c, "ROLLBACK");
+			if (c->expect == EXP_ANY)
+				c->expect = EXP_NOCHANGE;
+			else if (c->expect == EXP_VALUE)
+				c->expect = EXP_ANY;
+			break;
+		default:
+			add(c, "%s", body);
+			break;
+	}
+	/* in a transaction that is rolled back a refused grant is no forgery */
+	if (c->expect == EXP_NOCHANGE && f == 8 && who == AS_USR)
+		c->expect = EXP_REFUSE;
+	free(body);
+	call(c);
+}
+
+/*
+ * The token to present for pool key p.  *kind: 1 when it is the live
+ * current token of a lease we hold, 0 when the lease rule must refuse it
+ * (not the key's current token, or the lease has already ended), 2 when
+ * it is the current token of a lease that is about to run out (either
+ * outcome is right).  *current is the key's current token.
+ */
+static long long
+pick_token(int p, int *kind, long long *current)
+{
+	bool		live;
+	bool		ended;
+	long long	curf = key_state(pool_keys[p], &live, &ended);
+	long long	t;
+
+	*current = curf;
+	if (curf > 0 && live && held[p].fence == curf && chance(50))
+	{
+		*kind = 1;
+		return curf;
+	}
+	switch (rnd(8))
+	{
+		case 0:
+			t = 0;
+			break;
+		case 1:
+			t = -1;
+			break;
+		case 2:
+			t = PG_INT64_MAX;
+			break;
+		case 3:
+			t = PG_INT64_MIN;
+			break;
+		case 4:
+			t = curf > 0 ? curf - 1 : 1;
+			break;
+		case 5:
+			t = curf > 0 ? curf + 1 : 2;
+			break;
+		case 6:
+			t = held[(p + 1) % NPOOL].fence ? held[(p + 1) % NPOOL].fence : 3;
+			break;
+		default:
+			/* the current token of an expired or released lease */
+			t = (curf > 0 && ended) ? curf : (curf > 2 ? curf - 2 : 4);
+			break;
+	}
+	if (t != curf)
+		*kind = 0;
+	else
+		*kind = ended ? 0 : 2;
+	return t;
+}
+
+/*
+ * A write through the fencing trigger, in one of many shapes, presenting
+ * either the live current token of the key or a wrong one.
+ */
+static void
+gen_write(void)
+{
+	int			p = rnd(NPOOL);
+	int			p2 = (p + 1 + rnd(NPOOL - 1)) % NPOOL;
+	const char *k = pool_keys[p];
+	const char *k2 = pool_keys[p2];
+	int			kind;
+	bool		legit;
+	long long	t;
+	long long	curf;
+	Call	   *c;
+	int			shape = rnd(22);
+
+	/* most writes under a live lease need one: take it first */
+	if (chance(30))
+	{
+		bool		live;
+		bool		ended;
+		long long	f = key_state(k, &live, &ended);
+
+		if (!(live && held[p].fence == f))
+			grant_pool(AS_USR, p, "'10 s'");
+	}
+	t = pick_token(p, &kind, &curf);
+	legit = kind == 1;
+	/*
+	 * With '=' shadowed a WHERE may match the rows of every key: the token
+	 * is then stale for all of them only if it is no key's token at all.
+	 */
+	if (evil_path && kind == 0)
+	{
+		char	   *q = psprintf("SELECT count(*) FROM dlock.leases WHERE fence = %lld", t);
+		PGresult   *r = PQexec(dig, q);
+
+		if (PQresultStatus(r) != PGRES_TUPLES_OK || strcmp(PQgetvalue(r, 0, 0), "0") != 0)
+			kind = 2;
+		PQclear(r);
+		free(q);
+	}
+	c = new_call("write", AS_USR, kind == 0 ? EXP_STALE : EXP_ANY);
+	c->uses_dlock = true;
+	switch (shape)
+	{
+		case 0:
+			add(c, "UPDATE fz.t_text SET v = v + 1, fence = %lld WHERE k = %s", t, k);
+			if (legit)
+			{
+				/* the row's own token written back never counts */
+				char	   *q = psprintf("SELECT fence FROM fz.t_text WHERE k = %s", k);
+				PGresult   *r = PQexec(dig, q);
+
+				if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+					atoll(PQgetvalue(r, 0, 0)) != t)
+					c->expect = EXP_ACCEPT;
+				PQclear(r);
+				free(q);
+			}
+			break;
+		case 1:
+			add(c, "INSERT INTO fz.t_hist (k, v, fence) VALUES (%s, 1, %lld)", k, t);
+			if (legit)
+				c->expect = EXP_ACCEPT;
+			break;
+		case 2:
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %lld)", k, t);
+			add(c, "UPDATE fz.t_usefence SET v = v + 1 WHERE k = %s", k);
+			add(c, "COMMIT");
+			if (legit)
+				c->expect = EXP_ACCEPT;
+			break;
+		case 3:
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %lld)", k, t);
+			add(c, "DELETE FROM fz.t_hist WHERE k = %s", k);
+			add(c, "COMMIT");
+			break;
+		case 4:
+			/* no token at all */
+			add(c, "DELETE FROM fz.t_hist WHERE k = %s", k);
+			c->expect = EXP_STALE;
+			break;
+		case 5:
+			add(c, "INSERT INTO fz.t_text AS t (k, v, fence) VALUES (%s, 1, %lld) "
+				"ON CONFLICT (k) DO UPDATE SET v = t.v + 1, fence = excluded.fence", k, t);
+			break;
+		case 6:
+			add(c, "MERGE INTO fz.t_text t USING (VALUES (%s, %lld::bigint)) s(k, f) ON t.k = s.k "
+				"WHEN MATCHED THEN UPDATE SET v = t.v + 1, fence = s.f "
+				"WHEN NOT MATCHED THEN INSERT VALUES (s.k, 0, s.f)", k, t);
+			break;
+		case 7:
+			/* move the row to another key: needs both leases */
+			add(c, "UPDATE fz.t_hist SET k = %s, fence = %lld WHERE k = %s", k2, t, k);
+			c->expect = EXP_STALE;
+			break;
+		case 8:
+			/* move between partitions */
+			add(c, "UPDATE fz.parted SET part = 3 - part, fence = %lld WHERE k = %s", t, k);
+			break;
+		case 9:
+			/* to another partition and another key */
+			add(c, "UPDATE fz.parted SET part = 3 - part, k = %s, fence = %lld WHERE k = %s", k2, t, k);
+			c->expect = EXP_STALE;
+			break;
+		case 10:
+			add(c, "UPDATE fz.inh_parent SET v = v + 1, fence = %lld WHERE k = %s", t, k);
+			break;
+		case 11:
+			add(c, "UPDATE fz.v_auto SET v = v + 1, fence = %lld WHERE k = %s", t, k);
+			break;
+		case 12:
+			add(c, "UPDATE fz.v_instead SET v = v + 1, fence = %lld WHERE k = %s", t, k);
+			break;
+		case 13:
+			add(c, "COPY fz.t_hist (k, v, fence) FROM STDIN");
+			{
+				PGresult   *r = PQexec(dig, psprintf("SELECT %s", k));
+
+				c->copydata = psprintf("%s\t7\t%lld\n%s\t8\t%lld\n",
+									   PQgetvalue(r, 0, 0), t,
+									   PQgetvalue(r, 0, 0), t);
+				PQclear(r);
+			}
+			break;
+		case 14:
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %lld)", k, t);
+			add(c, "SAVEPOINT a");
+			add(c, "UPDATE fz.t_usefence SET v = v + 1 WHERE k = %s", k);
+			add(c, "ROLLBACK TO a");
+			add(c, "UPDATE fz.t_usefence SET v = v + 10 WHERE k = %s", k);
+			add(c, "COMMIT");
+			break;
+		case 15:
+			add(c, "BEGIN");
+			add(c, "DECLARE cur CURSOR FOR SELECT * FROM fz.t_text WHERE k = %s FOR UPDATE", k);
+			add(c, "FETCH cur");
+			add(c, "UPDATE fz.t_text SET v = v + 1, fence = %lld WHERE CURRENT OF cur", t);
+			add(c, "COMMIT");
+			break;
+		case 16:
+			/* the refusal is swallowed: the write must still not happen */
+			add(c, "DO $d$BEGIN BEGIN UPDATE fz.t_text SET v = v + 1, fence = %lld WHERE k = %s; "
+				"EXCEPTION WHEN SQLSTATE 'LF001' THEN NULL; END; END$d$", t, k);
+			break;
+		case 17:
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %lld)", k, t);
+			add(c, "UPDATE fz.t_usefence SET v = v + 1 WHERE k = %s", k);
+			add(c, "PREPARE TRANSACTION 'dlock_fuzz'");
+			c->expect = legit ? EXP_NOCHANGE : EXP_STALE;
+			break;
+		case 18:
+			/* monotonic: the highest token is good even once expired */
+			add(c, "UPDATE fz.t_mono SET v = v + 1, fence = %lld WHERE k = %s", t, k);
+			if (t == curf)
+				c->expect = EXP_ANY;
+			break;
+		case 19:
+			/* the row's own token written back, or none */
+			add(c, "UPDATE fz.t_text SET v = v + 1, fence = fence WHERE k = %s", k);
+			c->expect = EXP_STALE;
+			break;
+		case 20:
+			/* every row, under one key's token */
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %lld)", k, t);
+			add(c, "UPDATE fz.t_usefence SET v = v + 1");
+			add(c, "COMMIT");
+			c->expect = EXP_STALE;
+			break;
+		default:
+			add(c, "INSERT INTO fz.v_check (k, v, fence) VALUES (%s, %d, %lld)", k,
+				chance(50) ? -1 : 1, t);
+			break;
+	}
+	/* with a shadowed '=' a WHERE may match every row: only staleness holds */
+	if (evil_path && c->expect == EXP_ACCEPT)
+		c->expect = EXP_ANY;
+	if (c->expect == EXP_ACCEPT)
+	{
+		c->accept_key = pg_strdup(k);
+		c->accept_token = t;
+	}
+	call(c);
+}
+
+/* Odd column types, one protected table each (see setup). */
+typedef struct OddType
+{
+	const char *name;			/* table fz.odd_<name> */
+	const char *type;
+	const char *const vals[6];	/* hostile values (SQL), NULL ends */
+	const char *good;			/* a value dlock accepts, or NULL */
+	const char *rendered;		/* how dlock spells it in the key */
+} OddType;
+
+static const OddType odd_types[] = {
+	{"interval", "interval", {"'1 day'", "'infinity'", "NULL"}, NULL, NULL},
+	{"money", "money", {"'1.50'", "'-0'", "NULL"}, NULL, NULL},
+	{"json", "json", {"'{}'", "'[1,{\"a\":null}]'", "NULL"}, NULL, NULL},
+	{"jsonb", "jsonb", {"'{\"k\": 1}'", "'null'"}, NULL, NULL},
+	{"bytea", "bytea", {"'\\x00ff'", "''", "NULL"}, NULL, NULL},
+	{"intarr", "int[]", {"'{1,2}'", "'{}'", "NULL"}, NULL, NULL},
+	{"textarr", "text[]", {"'{a,b}'", "ARRAY[NULL]::text[]"}, NULL, NULL},
+	{"inet", "inet", {"'::1'", "'10.0.0.1/8'"}, NULL, NULL},
+	{"point", "point", {"'(1,2)'", "'(NaN,Infinity)'"}, NULL, NULL},
+	{"domtext", "fz.dom_text", {"'bad'", "''", "NULL", "repeat('d', 600)"}, "'ok'", "ok"},
+	{"domint", "fz.dom_int", {"0", "-1", "2147483647"}, "7", "7"},
+	{"enum", "fz.mood", {"'sad'", "'nope'", "NULL"}, "'happy'", "happy"},
+	{"char5", "char(5)", {"'abcdef'", "''", "'   '", "NULL"}, "'ab'", "ab"},
+	{"qchar", "\"char\"", {"''", "E'\\\\351'", "NULL"}, "'q'", "q"},
+	{"name", "name", {"repeat('n', 100)", "''", "NULL"}, "'nm'", "nm"},
+	{"varchar3", "varchar(3)", {"'abcd'", "''", "NULL"}, "'vc'", "vc"},
+	{"float8", "float8", {"'NaN'", "'Infinity'", "'-Infinity'", "'-0'", "'1e-320'", "NULL"}, "'-0'", "-0"},
+	{"float4", "float4", {"'NaN'", "'-0'", "'3.4e38'", "'1e-45'"}, "'0.1'", "0.1"},
+	{"tstz", "timestamptz", {"'infinity'", "'-infinity'", "'294276-12-31 23:59:59+00'", "'4713-01-01 BC'", "NULL"}, "'2026-01-01 00:00:00+05'", "2025-12-31 19:00:00+00"},
+	{"ts", "timestamp", {"'infinity'", "'-infinity'", "'epoch'"}, "'infinity'", "infinity"},
+	{"date", "date", {"'infinity'", "'-infinity'", "'5874897-12-31'"}, "'-infinity'", "-infinity"},
+	{"numeric", "numeric", {"'NaN'", "'1.50'", "'-0'", "'1e-1000'"}, "'NaN'", "NaN"},
+	{"bool", "boolean", {"'yes'", "'off'", "NULL"}, "'t'", "true"},
+	{"uuid", "uuid", {"gen_random_uuid()", "NULL"}, "'00000000-0000-0000-0000-000000000000'", "00000000-0000-0000-0000-000000000000"},
+	{"oid", "oid", {"4294967295", "0"}, "'42'", "42"},
+	{"int2", "smallint", {"-32768", "32767", "NULL"}, "'-32768'", "-32768"},
+};
+
+/*
+ * A write to a table whose key column is of an odd type: refused types
+ * must give 39P01, accepted ones a key spelled the same in every session
+ * (a write under the lease of the key as README spells it must succeed,
+ * whatever the session's TimeZone, DateStyle and extra_float_digits).
+ */
+static void
+gen_odd(void)
+{
+	const OddType *o = &odd_types[rnd(lengthof(odd_types))];
+	Call	   *c;
+
+	if (o->good && chance(40))
+	{
+		/* grant the key as documented, write under it, release it */
+		char	   *key = psprintf("'odd:%s'", o->rendered);
+		Call	   *g = new_call("odd-grant", AS_USR, EXP_ANY);
+		long long	t = 0;
+		char	   *owner = NULL;
+
+		g->api = true;
+		add(g, "SELECT fence, owner FROM dlock.try_acquire(%s, '5 s')", key);
+		make_call(g);
+		if (!g->sqlstate && g->ntuples == 1 && g->value && g->value2)
+		{
+			t = atoll(g->value);
+			owner = pg_strdup(g->value2);
+		}
+		free_call(g);
+		if (t == 0)
+		{
+			free(key);
+			return;
+		}
+		c = new_call("odd-write", AS_USR, evil_path ? EXP_ANY : EXP_ACCEPT);
+		c->uses_dlock = true;
+		add(c, "INSERT INTO fz.odd_%s (c, fence) VALUES (%s, %lld)", o->name, o->good, t);
+		c->accept_key = pg_strdup(key);
+		c->accept_token = t;
+		call(c);
+		c = new_call("odd-release", AS_USR, EXP_ANY);
+		c->api = true;
+		add(c, "SELECT dlock.release(%s, '%s')", key, owner);
+		call(c);
+		free(key);
+		free(owner);
+		return;
+	}
+	c = new_call("odd-write", AS_USR, EXP_STALE);
+	c->uses_dlock = true;
+	{
+		int			n = 0;
+
+		while (n < 6 && o->vals[n])
+			n++;
+		add(c, "INSERT INTO fz.odd_%s (c, fence) VALUES (%s, %s)", o->name,
+			o->vals[rnd(n)], chance(50) ? "1" : PICK(fences));
+	}
+	call(c);
+}
+
+/*
+ * The ordinary role puts dlock.fence_guard on a table of its own with a
+ * hostile template (or the wrong kind of trigger), fires it and rolls back.
+ */
+static void
+gen_template(void)
+{
+	static const char *const templates[] = {
+		"'{'", "'}'", "'{{}}'", "'{a}{b}'", "'{}'", "'{a'", "'a}'", "'{ a}'",
+		"'{A}'", "'{\"a\"}'", "'{nosuch}'", "'fz:k{c}'", "'{b}:{b}:{b}'",
+		"'fz:g0'", "''", "@{a}200", "@x600", "@{a}20000", "@y505",
+		"'{fence}'",
+		"E'\\u00e9{a}\\u0301'", "'{c}{c}{c}{c}{c}'", "'{g}'", "'{ab}'",
+	};
+	static const char *const extra[] = {
+		"", ", 'fence'", ", ''", ", 'nosuch'", ", 'a'", ", 'c'",
+		", 'fence', 'monotonic'", ", 'fence', 'lease'", ", 'fence', 'bogus'",
+		", 'fence', 'lease', 'x'", ", NULL", ", 'g'",
+	};
+	static const char *const kinds[] = {
+		"BEFORE INSERT OR UPDATE OR DELETE", "BEFORE INSERT", "AFTER INSERT",
+		"BEFORE INSERT OR UPDATE",
+	};
+	const char *tpl = PICK(templates);
+	char	   *long_tpl = NULL;
+	const char *ex = PICK(extra);
+	int			kind = rnd(12);
+	Call	   *c = new_call("template", AS_USR, EXP_STALE);
+
+	c->uses_dlock = true;
+	/* "@<piece><n>": a literal of n pieces (arguments must be literals) */
+	if (tpl[0] == '@')
+	{
+		const char *piece = tpl[1] == '{' ? "{a}" : (tpl[1] == 'x' ? "x" : "y");
+		int			n = atoi(tpl + (tpl[1] == '{' ? 4 : 2));
+		PQExpBufferData b;
+		int			j;
+
+		initPQExpBuffer(&b);
+		appendPQExpBufferStr(&b, tpl[1] == 'y' ? "'{a}" : "'");
+		for (j = 0; j < n; j++)
+			appendPQExpBufferStr(&b, piece);
+		appendPQExpBufferStr(&b, "'");
+		long_tpl = b.data;
+		tpl = long_tpl;
+	}
+	add(c, "BEGIN");
+	if (kind == 0)
+		add(c, "CREATE TRIGGER zz_guard BEFORE INSERT ON public.tpl FOR EACH STATEMENT "
+			"EXECUTE FUNCTION dlock.fence_guard(%s%s)", tpl, ex);
+	else if (kind == 1)
+		add(c, "CREATE TRIGGER zz_guard BEFORE TRUNCATE ON public.tpl "
+			"EXECUTE FUNCTION dlock.fence_guard(%s%s)", tpl, ex);
+	else
+		add(c, "CREATE TRIGGER zz_guard %s ON public.tpl FOR EACH ROW "
+			"EXECUTE FUNCTION dlock.fence_guard(%s%s)", PICK(kinds), tpl, ex);
+	if (kind == 1)
+		add(c, "TRUNCATE public.tpl");
+	else
+		add(c, "INSERT INTO public.tpl (a, b, c, g, fence) VALUES (%s, %s, %d, %s, %s)",
+			chance(80) ? "'x'" : PICK(hostile_keys), chance(80) ? "'y'" : "NULL",
+			(int) rnd(3), chance(50) ? "'{}'" : "NULL", PICK(fences));
+	add(c, "ROLLBACK");
+	/* the INSERT was rolled back anyway; what matters is no XX000/crash */
+	c->expect = EXP_NOCHANGE;
+	call(c);
+	free(long_tpl);
+}
+
+/* Parallel-mode wrappers (created in setup) around every function. */
+static void
+gen_parallel(void)
+{
+	static const char *const fns[] = {
+		"public.par_try(%s)", "public.par_use(%s, 1)", "public.par_check(%s, 1)",
+		"public.par_renew(%s)", "public.par_release(%s)", "public.par_status(%s)",
+		"public.par_stats(%s)", "public.par_acquire(%s)",
+	};
+	Call	   *c = new_call("parallel", AS_USR, EXP_ANY);
+
+	c->api = true;
+	add(c, "BEGIN");
+	add(c, "SET LOCAL force_parallel_mode = %s", chance(70) ? "on" : "regress");
+	add(c, "SET LOCAL parallel_setup_cost = 0");
+	add(c, "SET LOCAL parallel_tuple_cost = 0");
+	add(c, "SET LOCAL min_parallel_table_scan_size = 0");
+	{
+		char	   *f = psprintf(PICK(fns), any_key());
+
+		/* over a parallel scan, so that even the leader is in parallel mode */
+		if (chance(50))
+			add(c, "SELECT %s", f);
+		else
+			add(c, "SELECT %s, n FROM (SELECT count(*) AS n FROM fz.t_hist) s", f);
+		free(f);
+	}
+	add(c, "COMMIT");
+	call(c);
+}
+
+/* Session settings that must not change any key or any outcome. */
+static void
+gen_session(void)
+{
+	static const char *const sets[] = {
+		"SET TimeZone = 'Asia/Kathmandu'", "SET TimeZone = 'UTC'",
+		"SET TimeZone = '-12:34'", "SET TimeZone = 'America/St_Johns'",
+		"SET DateStyle = 'SQL, DMY'", "SET DateStyle = 'German'",
+		"SET DateStyle = 'Postgres, MDY'", "SET DateStyle = 'ISO'",
+		"SET IntervalStyle = 'sql_standard'", "SET IntervalStyle = 'iso_8601'",
+		"SET IntervalStyle = 'postgres_verbose'", "SET IntervalStyle = 'postgres'",
+		"SET extra_float_digits = -15", "SET extra_float_digits = 3",
+		"SET synchronous_commit = off", "SET synchronous_commit = on",
+		"SET default_transaction_isolation = 'serializable'",
+		"SET default_transaction_isolation = 'read committed'",
+		"SET lc_monetary = 'C'", "SET bytea_output = 'escape'",
+		"SET search_path = evil, pg_catalog, public",
+		"SET search_path = evil, dlock, pg_catalog, public",
+		"SET search_path = pg_temp, evil, pg_catalog, public",
+		"SET search_path = \"$user\", public",
+		"SET search_path = DEFAULT",
+	};
+	const char *s = PICK(sets);
+	Call	   *c = new_call("session", AS_USR, EXP_NOCHANGE);
+
+	add(c, "%s", s);
+	if (strncmp(s, "SET search_path", 15) == 0)
+		evil_path = strstr(s, "evil") != NULL;
+	call(c);
+}
+
+/*
+ * Attacks of the ordinary role.  Each must be refused and change nothing
+ * (EXP_REFUSE) or, where PostgreSQL answers with a warning instead of an
+ * error, change nothing (EXP_NOCHANGE).  %G is a guard key.
+ */
+typedef struct Attack
+{
+	Expect		expect;
+	const char *sql;			/* statements separated by "; " run in one
+								 * transaction */
+	const char *value;			/* EXP_VALUE: the value of the last one */
+} Attack;
+
+static const Attack attacks[] = {
+	/* write the storage */
+	{EXP_REFUSE, "INSERT INTO dlock.leases (key, fence, owner, expires_at, granted_at) VALUES ('fz:forged', 9223372036854775807, gen_random_uuid(), 'infinity', now())"},
+	{EXP_REFUSE, "INSERT INTO dlock.leases VALUES ('fz:k0', 1, NULL, now(), NULL, now()) ON CONFLICT (key) DO UPDATE SET owner = gen_random_uuid()"},
+	{EXP_REFUSE, "UPDATE dlock.leases SET owner = '00000000-0000-0000-0000-000000000000' WHERE key = %G"},
+	{EXP_REFUSE, "UPDATE dlock.leases SET fence = fence + 1000000"},
+	{EXP_REFUSE, "UPDATE dlock.leases SET expires_at = now() - interval '1 day' WHERE key = %G"},
+	{EXP_REFUSE, "DELETE FROM dlock.leases WHERE key = %G"},
+	{EXP_REFUSE, "DELETE FROM dlock.leases"},
+	{EXP_REFUSE, "TRUNCATE dlock.leases"},
+	{EXP_REFUSE, "TRUNCATE dlock.leases CASCADE"},
+	{EXP_REFUSE, "MERGE INTO dlock.leases l USING (VALUES (%G)) s(k) ON l.key = s.k WHEN MATCHED THEN DELETE"},
+	{EXP_REFUSE, "COPY dlock.leases (key, fence, expires_at, granted_at) FROM STDIN"},
+	{EXP_REFUSE, "WITH d AS (DELETE FROM dlock.leases RETURNING *) SELECT count(*) FROM d"},
+	/* read the capabilities */
+	{EXP_REFUSE, "SELECT owner FROM dlock.leases WHERE key = %G"},
+	{EXP_REFUSE, "SELECT * FROM dlock.leases"},
+	{EXP_REFUSE, "SELECT l FROM dlock.leases l"},
+	{EXP_REFUSE, "SELECT session_id FROM dlock.leases"},
+	{EXP_REFUSE, "COPY dlock.leases TO STDOUT"},
+	{EXP_REFUSE, "SELECT key FROM dlock.leases WHERE owner IS NOT NULL"},
+	{EXP_REFUSE, "SELECT key FROM dlock.leases FOR UPDATE"},
+	{EXP_REFUSE, "SELECT key FROM dlock.leases FOR KEY SHARE"},
+	{EXP_REFUSE, "LOCK TABLE dlock.leases IN ACCESS EXCLUSIVE MODE; SELECT 1"},
+	{EXP_REFUSE, "LOCK TABLE dlock.fence_seq IN ACCESS EXCLUSIVE MODE; SELECT 1"},
+	{EXP_REFUSE, "SELECT * FROM public.owner_view"},
+	/* the token counter */
+	{EXP_REFUSE, "SELECT pg_catalog.setval('dlock.fence_seq', 1)"},
+	{EXP_REFUSE, "SELECT pg_catalog.setval('dlock.fence_seq'::regclass, 1, false)"},
+	{EXP_REFUSE, "SELECT pg_catalog.setval('dlock.fence_seq', 9223372036854775807)"},
+	{EXP_REFUSE, "SELECT pg_catalog.nextval('dlock.fence_seq')"},
+	{EXP_REFUSE, "SELECT pg_catalog.nextval('dlock.fence_seq') / 0"},
+	{EXP_REFUSE, "SELECT pg_catalog.currval('dlock.fence_seq')"},
+	{EXP_REFUSE, "SELECT * FROM dlock.fence_seq"},
+	{EXP_REFUSE, "ALTER SEQUENCE dlock.fence_seq RESTART"},
+	{EXP_REFUSE, "ALTER SEQUENCE dlock.fence_seq RESTART WITH 1"},
+	{EXP_REFUSE, "ALTER SEQUENCE dlock.fence_seq INCREMENT BY -1"},
+	{EXP_REFUSE, "ALTER SEQUENCE dlock.fence_seq MAXVALUE 5 CYCLE"},
+	{EXP_REFUSE, "ALTER SEQUENCE dlock.fence_seq OWNED BY NONE"},
+	{EXP_REFUSE, "ALTER SEQUENCE dlock.fence_seq RENAME TO fence_seq_old"},
+	{EXP_REFUSE, "DROP SEQUENCE dlock.fence_seq"},
+	/* administrator functions */
+	{EXP_REFUSE, "SELECT dlock.prune('0')"},
+	{EXP_REFUSE, "SELECT dlock.prune()"},
+	{EXP_REFUSE, "SELECT dlock.prune(NULL)"},
+	{EXP_REFUSE, "SELECT dlock.stats_reset()"},
+	{EXP_REFUSE, "SELECT pg_catalog.pg_extension_config_dump('dlock.leases', 'WHERE false')"},
+	/* settings */
+	{EXP_REFUSE, "SET dlock.fence_bypass = on"},
+	{EXP_REFUSE, "SET dlock.max_hold = 0"},
+	{EXP_REFUSE, "SET dlock.max_hold = '1s'"},
+	{EXP_REFUSE, "SET dlock.log_events = off"},
+	{EXP_REFUSE, "SET dlock.max_ttl = '24d'"},
+	{EXP_REFUSE, "SET \"Dlock\".\"Fence_Bypass\" = on"},
+	{EXP_REFUSE, "SELECT set_config('dlock.fence_bypass', 'on', false)"},
+	{EXP_REFUSE, "SELECT set_config('dlock.fence_bypass', 'on', true)"},
+	{EXP_REFUSE, "SET dlock.stats_max = 1"},
+	/* before dlock is loaded the SETs above are taken as placeholders: */
+	{EXP_VALUE, "SET dlock.fence_bypass = on; SELECT dlock.check_fence('fz:k0', 0); SELECT pg_catalog.current_setting('dlock.fence_bypass')", "off"},
+	{EXP_VALUE, "SET dlock.max_hold = '1ms'; SELECT dlock.check_fence('fz:k0', 0); SELECT pg_catalog.current_setting('dlock.max_hold')", "0"},
+	{EXP_VALUE, "SET dlock.max_ttl = '24d'; SELECT dlock.check_fence('fz:k0', 0); SELECT pg_catalog.current_setting('dlock.max_ttl')", "1d"},
+	{EXP_REFUSE, "SET dlock.max_ttl = '24d'; SELECT count(*) FROM dlock.try_acquire('fz:ttl', '2 days')"},
+	{EXP_VALUE, "SET dlock.log_events = on; SELECT dlock.check_fence('fz:k0', 0); SELECT pg_catalog.current_setting('dlock.log_events')", "off"},
+	{EXP_REFUSE, "ALTER SYSTEM SET dlock.fence_bypass = on"},
+	{EXP_REFUSE, "ALTER ROLE CURRENT_USER SET dlock.fence_bypass = on"},
+	{EXP_REFUSE, "ALTER ROLE CURRENT_USER SET dlock.max_hold = 0"},
+	{EXP_REFUSE, "ALTER DATABASE %D SET dlock.fence_bypass = on"},
+	{EXP_REFUSE, "GRANT SET ON PARAMETER dlock.fence_bypass TO CURRENT_USER"},
+	{EXP_REFUSE, "SET session_replication_role = replica"},
+	{EXP_REFUSE, "SET ROLE %S"},
+	{EXP_REFUSE, "SET SESSION AUTHORIZATION %S"},
+	{EXP_REFUSE, "SELECT pg_reload_conf()"},
+	/* the bypass, set and then used at once */
+	{EXP_REFUSE, "SET LOCAL dlock.fence_bypass = on; UPDATE fz.t_text SET v = v + 1 WHERE k = %G"},
+	{EXP_REFUSE, "SET dlock.fence_bypass = on; UPDATE fz.t_text SET v = v + 1 WHERE k = %G"},
+	{EXP_REFUSE, "WITH u AS (UPDATE fz.t_text SET v = v + 1 WHERE k = %G RETURNING 1) SELECT set_config('dlock.fence_bypass', 'on', true), count(*) FROM u"},
+	{EXP_REFUSE, "SET session_replication_role = replica; UPDATE fz.t_text SET v = v + 1 WHERE k = %G"},
+	/* create objects in schema dlock */
+	{EXP_REFUSE, "CREATE TABLE dlock.leases2 (key text)"},
+	{EXP_REFUSE, "CREATE FUNCTION dlock.try_acquire(key text, ttl interval, holder text DEFAULT NULL, lock_delay interval DEFAULT NULL, session_bound boolean DEFAULT false, x int DEFAULT 0) RETURNS SETOF dlock.lease LANGUAGE sql AS 'SELECT NULL::dlock.lease'"},
+	{EXP_REFUSE, "CREATE FUNCTION dlock.nextval(regclass) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'"},
+	{EXP_REFUSE, "CREATE OPERATOR dlock.= (leftarg = uuid, rightarg = uuid, function = evil.always)"},
+	{EXP_REFUSE, "CREATE VIEW dlock.v AS SELECT 1"},
+	{EXP_REFUSE, "CREATE SEQUENCE dlock.s"},
+	{EXP_REFUSE, "CREATE TYPE dlock.t AS (a int)"},
+	{EXP_REFUSE, "CREATE INDEX ON dlock.leases (owner)"},
+	{EXP_REFUSE, "CREATE TRIGGER x BEFORE INSERT OR UPDATE ON dlock.leases FOR EACH ROW EXECUTE FUNCTION evil.trg()"},
+	{EXP_REFUSE, "CREATE RULE r AS ON UPDATE TO dlock.leases DO INSTEAD NOTHING"},
+	{EXP_REFUSE, "CREATE POLICY p ON dlock.leases USING (true)"},
+	{EXP_REFUSE, "CREATE STATISTICS dlock.st ON key, fence FROM dlock.leases"},
+	{EXP_REFUSE, "CREATE PUBLICATION fuzz_pub FOR TABLE dlock.leases"},
+	/* alter and drop dlock's objects */
+	{EXP_REFUSE, "ALTER TABLE dlock.leases OWNER TO CURRENT_USER"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases ADD COLUMN x int"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases DISABLE TRIGGER ALL"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases ENABLE ROW LEVEL SECURITY"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases RENAME TO leases_old"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases SET SCHEMA public"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases ALTER COLUMN fence TYPE numeric"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases SET UNLOGGED"},
+	{EXP_REFUSE, "ALTER TABLE dlock.leases DROP CONSTRAINT leases_pkey"},
+	{EXP_REFUSE, "ALTER INDEX dlock.leases_pkey RENAME TO x"},
+	{EXP_REFUSE, "DROP TABLE dlock.leases"},
+	{EXP_REFUSE, "DROP TABLE dlock.leases CASCADE"},
+	{EXP_REFUSE, "DROP VIEW dlock.lease_status"},
+	{EXP_REFUSE, "DROP TYPE dlock.lease CASCADE"},
+	{EXP_REFUSE, "DROP FUNCTION dlock.release(text, uuid)"},
+	{EXP_REFUSE, "DROP SCHEMA dlock CASCADE"},
+	{EXP_REFUSE, "DROP EXTENSION dlock"},
+	{EXP_REFUSE, "DROP EXTENSION dlock CASCADE"},
+	{EXP_REFUSE, "DROP OWNED BY %S"},
+	{EXP_REFUSE, "REASSIGN OWNED BY %S TO CURRENT_USER"},
+	{EXP_REFUSE, "ALTER EXTENSION dlock UPDATE"},
+	{EXP_REFUSE, "ALTER EXTENSION dlock UPDATE TO '0.2'"},
+	{EXP_REFUSE, "ALTER EXTENSION dlock DROP TABLE dlock.leases"},
+	{EXP_REFUSE, "ALTER EXTENSION dlock ADD FUNCTION evil.always(uuid, uuid)"},
+	{EXP_REFUSE, "ALTER EXTENSION dlock SET SCHEMA public"},
+	{EXP_REFUSE, "CREATE EXTENSION dlock SCHEMA public"},
+	{EXP_NOCHANGE, "CREATE EXTENSION IF NOT EXISTS dlock VERSION '0.1'"},
+	{EXP_REFUSE, "ALTER SCHEMA dlock RENAME TO dlock_old"},
+	{EXP_REFUSE, "ALTER SCHEMA dlock OWNER TO CURRENT_USER"},
+	{EXP_REFUSE, "CREATE SCHEMA dlock"},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.release(text, uuid) SECURITY DEFINER"},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.release(text, uuid) OWNER TO CURRENT_USER"},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.release(text, uuid) RENAME TO release_old"},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.try_acquire(text, interval, text, interval, boolean) SET search_path = evil"},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.fence_guard() SET dlock.fence_bypass = on"},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.use_fence(text, bigint) SET SCHEMA public"},
+	{EXP_REFUSE, "CREATE OR REPLACE FUNCTION dlock.check_fence(key text, fence bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true'"},
+	{EXP_REFUSE, "CREATE OR REPLACE VIEW dlock.lease_status AS SELECT * FROM dlock.lease_status()"},
+	{EXP_REFUSE, "ALTER VIEW dlock.lease_status OWNER TO CURRENT_USER"},
+	{EXP_REFUSE, "ALTER TYPE dlock.lease ADD ATTRIBUTE x int"},
+	{EXP_REFUSE, "COMMENT ON TABLE dlock.leases IS 'mine'"},
+	{EXP_REFUSE, "SECURITY LABEL ON TABLE dlock.leases IS 'x'"},
+	{EXP_REFUSE, "REINDEX TABLE dlock.leases"},
+	{EXP_REFUSE, "CLUSTER dlock.leases USING leases_pkey"},
+	{EXP_NOCHANGE, "VACUUM FULL dlock.leases"},
+	{EXP_NOCHANGE, "ANALYZE dlock.leases"},
+	{EXP_NOCHANGE, "GRANT ALL ON dlock.leases TO CURRENT_USER"},
+	{EXP_NOCHANGE, "GRANT SELECT (owner) ON dlock.leases TO PUBLIC"},
+	{EXP_NOCHANGE, "GRANT USAGE, CREATE ON SCHEMA dlock TO PUBLIC"},
+	{EXP_NOCHANGE, "GRANT ALL ON SEQUENCE dlock.fence_seq TO PUBLIC"},
+	{EXP_NOCHANGE, "GRANT EXECUTE ON FUNCTION dlock.prune(interval) TO PUBLIC"},
+	{EXP_NOCHANGE, "REVOKE ALL ON FUNCTION dlock.try_acquire(text, interval, text, interval, boolean) FROM PUBLIC"},
+	{EXP_NOCHANGE, "REVOKE USAGE ON SCHEMA dlock FROM PUBLIC"},
+	{EXP_REFUSE, "ALTER DEFAULT PRIVILEGES FOR ROLE %S IN SCHEMA dlock GRANT ALL ON TABLES TO PUBLIC"},
+	/* the C functions themselves, bound to a function of ours */
+	{EXP_REFUSE, "CREATE FUNCTION public.my_guard() RETURNS trigger AS '$libdir/dlock', 'dlock_fence_guard' LANGUAGE C"},
+	{EXP_REFUSE, "CREATE FUNCTION public.my_grant(text, interval) RETURNS SETOF record AS '$libdir/dlock', 'dlock_try_acquire' LANGUAGE C"},
+	{EXP_REFUSE, "CREATE FUNCTION public.my_nextval(regclass) RETURNS bigint AS 'nextval_oid' LANGUAGE internal"},
+	{EXP_REFUSE, "LOAD '$libdir/dlock'"},
+	/* the protected tables: triggers, ownership, TRUNCATE */
+	{EXP_REFUSE, "ALTER TABLE fz.t_text DISABLE TRIGGER guard"},
+	{EXP_REFUSE, "ALTER TABLE fz.t_text DISABLE TRIGGER ALL"},
+	{EXP_REFUSE, "DROP TRIGGER guard ON fz.t_text"},
+	{EXP_REFUSE, "CREATE TRIGGER zzz BEFORE UPDATE ON fz.t_text FOR EACH ROW EXECUTE FUNCTION evil.trg()"},
+	{EXP_REFUSE, "CREATE TRIGGER aaa BEFORE UPDATE ON fz.t_text FOR EACH ROW EXECUTE FUNCTION evil.trg()"},
+	{EXP_REFUSE, "CREATE RULE r AS ON UPDATE TO fz.t_text DO INSTEAD NOTHING"},
+	{EXP_REFUSE, "TRUNCATE fz.t_text"},
+	{EXP_REFUSE, "TRUNCATE fz.parted"},
+	{EXP_REFUSE, "ALTER TABLE fz.t_text OWNER TO CURRENT_USER"},
+	{EXP_REFUSE, "CREATE TABLE public.p3 PARTITION OF fz.parted FOR VALUES IN (3)"},
+	{EXP_REFUSE, "ALTER TABLE fz.parted DETACH PARTITION fz.parted_1"},
+	{EXP_REFUSE, "CREATE TABLE public.kid () INHERITS (fz.inh_parent)"},
+	{EXP_REFUSE, "ALTER TABLE fz.inh_child NO INHERIT fz.inh_parent"},
+	/* other sessions */
+	{EXP_REFUSE, "SELECT pg_terminate_backend(%P)"},
+	{EXP_REFUSE, "SELECT pg_cancel_backend(%P)"},
+	/* more privileges */
+	{EXP_REFUSE, "CREATE ROLE fuzz_evil SUPERUSER"},
+	{EXP_REFUSE, "CREATE DATABASE fuzz_evil"},
+	{EXP_REFUSE, "CREATE EVENT TRIGGER fuzz_evt ON ddl_command_start EXECUTE FUNCTION evil.evt()"},
+	{EXP_REFUSE, "COPY public.tpl FROM PROGRAM 'true'"},
+	{EXP_REFUSE, "SELECT pg_read_file('postgresql.conf')"},
+	{EXP_REFUSE, "SELECT lo_import('/etc/passwd')"},
+	{EXP_REFUSE, "GRANT pg_signal_backend TO CURRENT_USER"},
+	{EXP_REFUSE, "ALTER ROLE CURRENT_USER SUPERUSER"},
+	{EXP_REFUSE, "ALTER ROLE CURRENT_USER BYPASSRLS"},
+	/* guard keys through the API, under every search_path */
+	{EXP_VALUE, "SELECT count(*) FROM dlock.try_acquire(%G, '1 hour')"},
+	{EXP_VALUE, "SELECT dlock.release(%G, gen_random_uuid())"},
+	{EXP_VALUE, "SELECT dlock.release(%G, '00000000-0000-0000-0000-000000000000')"},
+	{EXP_VALUE, "SELECT dlock.renew(%G, gen_random_uuid(), '1 hour')"},
+	{EXP_VALUE, "SELECT dlock.check_fence(%G, 0)"},
+	{EXP_REFUSE, "SELECT dlock.use_fence(%G, 0)"},
+	{EXP_REFUSE, "SELECT dlock.use_fence(%G, 9223372036854775807)"},
+	{EXP_REFUSE, "SELECT fence FROM dlock.acquire(%G, '1 s', wait => '1 ms')"},
+	{EXP_STALE, "UPDATE fz.t_text SET v = v + 1, fence = 0 WHERE k = %G"},
+	{EXP_STALE, "UPDATE fz.t_text SET v = v + 1, fence = 9223372036854775807 WHERE k = %G"},
+	{EXP_STALE, "DELETE FROM fz.t_text WHERE k = %G"},
+	{EXP_STALE, "UPDATE fz.t_mono SET v = v + 1, fence = 9223372036854775807 WHERE k = %G"},
+	{EXP_STALE, "INSERT INTO public.mine (k, fence) VALUES (%G, 0)"},
+	{EXP_STALE, "INSERT INTO public.mine (k, fence) VALUES (%G, %N)"},
+	{EXP_STALE, "INSERT INTO public.mine (k, fence) VALUES (%G, 9223372036854775807)"},
+	{EXP_STALE, "UPDATE fz.t_text SET v = v + 1, fence = (SELECT max(fence) + 1 FROM dlock.leases) WHERE k = %G"},
+	/* temp shadows of dlock's storage */
+	{EXP_VALUE, "SELECT dlock.check_fence(%G, 1) AND false"},
+};
+
+/* Run one attack, with %G (a guard key) and %P (the digest pid) filled in. */
+static void
+gen_attack(void)
+{
+	const Attack *a = &attacks[rnd(lengthof(attacks))];
+	int			g = rnd(NGUARD);
+	PQExpBufferData s;
+	const char *p;
+	Call	   *c;
+
+	if (inject && chance(2))
+	{
+		c = new_call("injected", AS_USR, EXP_REFUSE);
+		add(c, "%s", inject);
+		call(c);
+		return;
+	}
+	initPQExpBuffer(&s);
+	for (p = a->sql; *p; p++)
+	{
+		if (p[0] == '%' && p[1] == 'G')
+		{
+			appendPQExpBufferStr(&s, guard_keys[g]);
+			p++;
+		}
+		else if (p[0] == '%' && p[1] == 'N')
+		{
+			/* the token after the guard's: never current */
+			appendPQExpBuffer(&s, "%lld", guard_fence[g] + 1);
+			p++;
+		}
+		else if (p[0] == '%' && p[1] == 'D')
+		{
+			appendPQExpBufferStr(&s, dbname_q);
+			p++;
+		}
+		else if (p[0] == '%' && p[1] == 'S')
+		{
+			appendPQExpBufferStr(&s, superuser_name);
+			p++;
+		}
+		else if (p[0] == '%' && p[1] == 'P')
+		{
+			appendPQExpBufferStr(&s, digest_pid);
+			p++;
+		}
+		else
+			appendPQExpBufferChar(&s, *p);
+	}
+	c = new_call("attack", AS_USR, a->expect);
+	c->api = false;
+	/* "a; b; c" runs in one transaction */
+	if (strstr(s.data, "; ") && strncmp(s.data, "DO ", 3) != 0)
+	{
+		char	   *part = s.data;
+		char	   *semi;
+
+		add(c, "BEGIN");
+		while ((semi = strstr(part, "; ")) != NULL)
+		{
+			*semi = '\0';
+			add(c, "%s", part);
+			part = semi + 2;
+		}
+		add(c, "%s", part);
+		add(c, "COMMIT");
+	}
+	else
+		add(c, "%s", s.data);
+	/* before dlock is loaded PostgreSQL takes these as placeholders */
+	if (!usr_loaded && a->expect == EXP_REFUSE && c->nstmt == 1 &&
+		(strncmp(a->sql, "SET dlock.", 10) == 0 ||
+		 strncmp(a->sql, "SET \"Dlock", 10) == 0 ||
+		 strncmp(a->sql, "SELECT set_config('dlock.", 25) == 0))
+		c->expect = EXP_NOCHANGE;
+	if (strstr(s.data, "COPY dlock.leases (key"))
+		c->copydata = pg_strdup("fz:forged\t1\tinfinity\tnow\n");
+	if (a->expect == EXP_VALUE)
+	{
+		if (a->value)
+			c->expect_value = a->value;
+		else if (strstr(s.data, "count(*)"))
+			c->expect_value = "0";
+		else if (strstr(s.data, "renew"))
+			c->expect_value = NULL;
+		else
+			c->expect_value = "f";
+	}
+	/* check_fence(guard, 0) is false; so is anything AND false */
+	termPQExpBuffer(&s);
+	call(c);
+}
+
+/* A fresh connection for the ordinary role: dlock not loaded yet. */
+static void
+gen_reconnect(void)
+{
+	PQfinish(usr);
+	usr = connect_as(role, "dlock-fuzz-usr", "-c statement_timeout=10s");
+	if (PQstatus(usr) != CONNECTION_OK)
+	{
+		crashes++;
+		stop = true;
+		violation(NULL, "cannot reconnect as %s (crash?)", role);
+		return;
+	}
+	evil_path = false;
+	usr_loaded = false;
+	count(cats, &ncats, "reconnect");
+	refresh_digest();
+}
+
+/* Keep the history and odd-type tables small. */
+static void
+maintain(void)
+{
+	must(su, "SET dlock.fence_bypass = on");
+	must(su, "DELETE FROM fz.t_hist WHERE ctid IN (SELECT ctid FROM fz.t_hist OFFSET 50)");
+	must(su, "DO $$DECLARE r record; BEGIN FOR r IN SELECT relname FROM pg_class "
+		 "WHERE relnamespace = 'fz'::regnamespace AND relname LIKE 'odd\\_%' AND relkind = 'r' "
+		 "LOOP EXECUTE format('DELETE FROM fz.%I', r.relname); END LOOP; END$$");
+	must(su, "RESET dlock.fence_bypass");
+	refresh_digest();
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+/* Create what the run needs; idempotent. */
+static void
+setup(uint64 seed)
+{
+	PQExpBufferData t;
+	int			i;
+	char	   *sql;
+
+	must(dig, "CREATE EXTENSION IF NOT EXISTS dlock");
+	sql = psprintf("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '%s') "
+				   "THEN CREATE ROLE %s LOGIN; END IF; END$$", role, role);
+	must(dig, sql);
+	free(sql);
+	sql = psprintf("DROP OWNED BY %s CASCADE", role);
+	must(dig, sql);
+	free(sql);
+	sql = psprintf("DO $$BEGIN EXECUTE format('GRANT CREATE ON DATABASE %%I TO %s', current_database()); END$$", role);
+	must(dig, sql);
+	free(sql);
+	sql = psprintf("GRANT CREATE, USAGE ON SCHEMA public TO %s", role);
+	must(dig, sql);
+	free(sql);
+	must(dig, "DROP SCHEMA IF EXISTS fz CASCADE");
+	must(dig, "CREATE SCHEMA fz");
+	must(dig,
+		 "CREATE DOMAIN fz.dom_text AS text CHECK (VALUE <> 'bad');"
+		 "CREATE DOMAIN fz.dom_int AS int CHECK (VALUE > 0);"
+		 "CREATE TYPE fz.mood AS ENUM ('happy', 'sad');"
+		 "CREATE TABLE fz.t_text (k text PRIMARY KEY, v int NOT NULL DEFAULT 0, fence bigint);"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.t_text FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}', 'fence');"
+		 "CREATE TABLE fz.t_mono (k text PRIMARY KEY, v int NOT NULL DEFAULT 0, fence bigint);"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.t_mono FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}', 'fence', 'monotonic');"
+		 "CREATE TABLE fz.t_usefence (k text PRIMARY KEY, v int NOT NULL DEFAULT 0);"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.t_usefence FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}');"
+		 "CREATE TABLE fz.t_hist (k text NOT NULL, v int, fence bigint);"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.t_hist FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}', 'fence');"
+		 "CREATE TABLE fz.parted (part int NOT NULL, k text NOT NULL, v int NOT NULL DEFAULT 0, fence bigint) PARTITION BY LIST (part);"
+		 "CREATE TABLE fz.parted_1 PARTITION OF fz.parted FOR VALUES IN (1);"
+		 "CREATE TABLE fz.parted_2 PARTITION OF fz.parted FOR VALUES IN (2);"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.parted FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}', 'fence');"
+		 "CREATE TABLE fz.inh_parent (k text NOT NULL, v int NOT NULL DEFAULT 0, fence bigint);"
+		 "CREATE TABLE fz.inh_child (extra int) INHERITS (fz.inh_parent);"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.inh_parent FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}', 'fence');"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.inh_child FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}', 'fence');"
+		 "CREATE VIEW fz.v_auto AS SELECT * FROM fz.t_text;"
+		 "CREATE VIEW fz.v_check AS SELECT * FROM fz.t_hist WHERE v >= 0 WITH CHECK OPTION;"
+		 "CREATE VIEW fz.v_instead AS SELECT k, v, fence FROM fz.t_text;"
+		 "CREATE FUNCTION fz.v_instead_upd() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+		 " UPDATE fz.t_text SET v = NEW.v, fence = NEW.fence WHERE k = OLD.k; RETURN NEW; END$$;"
+		 "CREATE TRIGGER instead INSTEAD OF UPDATE ON fz.v_instead FOR EACH ROW EXECUTE FUNCTION fz.v_instead_upd();");
+	for (i = 0; i < (int) lengthof(odd_types); i++)
+	{
+		sql = psprintf("CREATE TABLE fz.odd_%s (c %s, fence bigint);"
+					   "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON fz.odd_%s "
+					   "FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('odd:{c}', 'fence')",
+					   odd_types[i].name, odd_types[i].type, odd_types[i].name);
+		must(dig, sql);
+		free(sql);
+	}
+	sql = psprintf("GRANT USAGE ON SCHEMA fz TO %s;"
+				   "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fz TO %s",
+				   role, role);
+	must(dig, sql);
+	free(sql);
+
+	/* keys, guards and their rows */
+	for (i = 0; i < NPOOL; i++)
+		pool_keys[i] = psprintf("'fz:k%d'", i);
+	for (i = 0; i < NGUARD; i++)
+	{
+		char	   *v;
+
+		guard_keys[i] = psprintf("'fz:g%d:%llu'", i, (unsigned long long) seed);
+		sql = psprintf("SELECT count(*) FROM dlock.try_acquire(%s, '1 hour', holder => 'dlock-fuzz guard')",
+					   guard_keys[i]);
+		must(dig, sql);
+		free(sql);
+		sql = psprintf("SELECT fence FROM dlock.lease_status WHERE key = %s AND state = 'held' "
+					   "AND remaining > '10 min'", guard_keys[i]);
+		v = must_value(dig, sql);
+		guard_fence[i] = atoll(v);
+		free(v);
+		free(sql);
+	}
+	must(dig, "SET dlock.fence_bypass = on");
+	for (i = 0; i < NPOOL + NGUARD; i++)
+	{
+		const char *k = i < NPOOL ? pool_keys[i] : guard_keys[i - NPOOL];
+
+		sql = psprintf("INSERT INTO fz.t_text VALUES (%s, 0, 0);"
+					   "INSERT INTO fz.t_mono VALUES (%s, 0, 0);"
+					   "INSERT INTO fz.t_usefence VALUES (%s, 0);"
+					   "INSERT INTO fz.t_hist VALUES (%s, 0, 0);"
+					   "INSERT INTO fz.parted VALUES (%d, %s, 0, 0);"
+					   "INSERT INTO fz.inh_parent VALUES (%s, 0, 0);"
+					   "INSERT INTO fz.inh_child VALUES (%s, 0, 0, 1)",
+					   k, k, k, k, 1 + i % 2, k, k, k);
+		must(dig, sql);
+		free(sql);
+	}
+	must(dig, "RESET dlock.fence_bypass");
+
+	/* the protected tables' part of the digest */
+	for (i = 0; i < 2; i++)
+	{
+		PGresult   *res = PQexec(dig, i == 0 ?
+								 "SELECT relname FROM pg_class WHERE relnamespace = 'fz'::regnamespace "
+								 "AND relkind = 'r' AND relname NOT LIKE 'odd\\_%' ORDER BY relname" :
+								 "SELECT relname FROM pg_class WHERE relnamespace = 'fz'::regnamespace "
+								 "AND relkind = 'r' AND relname LIKE 'odd\\_%' ORDER BY relname");
+		int			j;
+
+		initPQExpBuffer(&t);
+		appendPQExpBufferStr(&t, "md5(''");
+		for (j = 0; j < PQntuples(res); j++)
+			appendPQExpBuffer(&t, " || (SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text COLLATE \"C\"), '')) FROM ONLY fz.%s t)",
+							  PQgetvalue(res, j, 0));
+		PQclear(res);
+		appendPQExpBufferStr(&t, ")");
+		if (i == 0)
+			tables_sql = t.data;
+		else
+			odd_tables_sql = t.data;
+	}
+
+	/* what the ordinary role makes for itself */
+	usr = connect_as(role, "dlock-fuzz-usr", "-c statement_timeout=10s");
+	if (PQstatus(usr) != CONNECTION_OK)
+		exit(2);
+	must(usr,
+		 "CREATE SCHEMA evil;"
+		 "CREATE FUNCTION evil.always(uuid, uuid) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';"
+		 "CREATE FUNCTION evil.always(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';"
+		 "CREATE FUNCTION evil.always(bigint, bigint) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';"
+		 "CREATE FUNCTION evil.always(timestamptz, timestamptz) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true';"
+		 "CREATE OPERATOR evil.= (leftarg = uuid, rightarg = uuid, function = evil.always);"
+		 "CREATE OPERATOR evil.= (leftarg = text, rightarg = text, function = evil.always);"
+		 "CREATE OPERATOR evil.= (leftarg = bigint, rightarg = bigint, function = evil.always);"
+		 "CREATE OPERATOR evil.<> (leftarg = bigint, rightarg = bigint, function = evil.always);"
+		 "CREATE OPERATOR evil.< (leftarg = bigint, rightarg = bigint, function = evil.always);"
+		 "CREATE OPERATOR evil.> (leftarg = bigint, rightarg = bigint, function = evil.always);"
+		 "CREATE OPERATOR evil.< (leftarg = timestamptz, rightarg = timestamptz, function = evil.always);"
+		 "CREATE OPERATOR evil.> (leftarg = timestamptz, rightarg = timestamptz, function = evil.always);"
+		 "CREATE OPERATOR evil.<= (leftarg = timestamptz, rightarg = timestamptz, function = evil.always);"
+		 "CREATE OPERATOR evil.>= (leftarg = timestamptz, rightarg = timestamptz, function = evil.always);"
+		 "CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT 'infinity'::timestamptz$$;"
+		 "CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01'::timestamptz$$;"
+		 "CREATE FUNCTION evil.statement_timestamp() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01'::timestamptz$$;"
+		 "CREATE FUNCTION evil.nextval(regclass) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint';"
+		 "CREATE FUNCTION evil.setval(regclass, bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint';"
+		 "CREATE FUNCTION evil.gen_random_uuid() RETURNS uuid LANGUAGE sql AS $$SELECT '00000000-0000-0000-0000-000000000000'::uuid$$;"
+		 "CREATE FUNCTION evil.current_setting(text) RETURNS text LANGUAGE sql AS $$SELECT 'on'$$;"
+		 "CREATE FUNCTION evil.current_setting(text, boolean) RETURNS text LANGUAGE sql AS $$SELECT 'on'$$;"
+		 "CREATE FUNCTION evil.has_parameter_privilege(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+		 "CREATE FUNCTION evil.has_parameter_privilege(name, text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+		 "CREATE FUNCTION evil.pg_has_role(name, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+		 "CREATE FUNCTION evil.superuser() RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+		 "CREATE FUNCTION evil.texteq(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+		 "CREATE FUNCTION evil.uuid_eq(uuid, uuid) RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+		 "CREATE FUNCTION evil.int8eq(bigint, bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true';"
+		 "CREATE FUNCTION evil.hashtext(text) RETURNS int LANGUAGE sql AS 'SELECT 0';"
+		 "CREATE FUNCTION evil.sha256(bytea) RETURNS bytea LANGUAGE sql AS $$SELECT '\\x00'::bytea$$;"
+		 "CREATE FUNCTION evil.dlock_try_acquire(text, interval) RETURNS int LANGUAGE sql AS 'SELECT 1';"
+		 "CREATE FUNCTION evil.try_acquire(text, interval, text DEFAULT NULL, interval DEFAULT NULL, boolean DEFAULT false) RETURNS int LANGUAGE sql AS 'SELECT 1';"
+		 "CREATE FUNCTION evil.fence_guard() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';"
+		 "CREATE FUNCTION evil.trg() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';"
+		 "CREATE FUNCTION evil.evt() RETURNS event_trigger LANGUAGE plpgsql AS 'BEGIN END';"
+		 "CREATE TABLE evil.leases (key text PRIMARY KEY, fence bigint, owner uuid, expires_at timestamptz, holder text, granted_at timestamptz);"
+		 "CREATE SEQUENCE evil.fence_seq;"
+		 "CREATE TYPE evil.lease AS (key text, owner uuid, fence bigint, expires_at timestamptz);"
+		 "CREATE TEMP TABLE leases (key text, fence bigint, owner uuid, expires_at timestamptz);"
+		 "CREATE VIEW public.owner_view AS SELECT key, owner FROM dlock.leases;"
+		 "CREATE TABLE public.mine (k text, fence bigint);"
+		 "CREATE TRIGGER guard BEFORE INSERT OR UPDATE OR DELETE ON public.mine FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('{k}', 'fence');"
+		 "CREATE TABLE public.tpl (a text, b text, c int, g json, fence bigint, \"A\" text, ab text);"
+		 "CREATE FUNCTION public.par_try(k text) RETURNS bigint LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN RETURN (SELECT count(*) FROM dlock.try_acquire(k, '20 ms')); END$$;"
+		 "CREATE FUNCTION public.par_acquire(k text) RETURNS bigint LANGUAGE plpgsql PARALLEL RESTRICTED AS $$BEGIN RETURN (SELECT fence FROM dlock.acquire(k, '20 ms', wait => '1 ms')); END$$;"
+		 "CREATE FUNCTION public.par_use(k text, f bigint) RETURNS void LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN PERFORM dlock.use_fence(k, f); END$$;"
+		 "CREATE FUNCTION public.par_check(k text, f bigint) RETURNS boolean LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN RETURN dlock.check_fence(k, f); END$$;"
+		 "CREATE FUNCTION public.par_renew(k text) RETURNS timestamptz LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN RETURN dlock.renew(k, gen_random_uuid(), '1 s'); END$$;"
+		 "CREATE FUNCTION public.par_release(k text) RETURNS boolean LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN RETURN dlock.release(k, gen_random_uuid()); END$$;"
+		 "CREATE FUNCTION public.par_status(k text) RETURNS bigint LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN RETURN (SELECT count(*) FROM dlock.lease_status WHERE key = k); END$$;"
+		 "CREATE FUNCTION public.par_stats(k text) RETURNS bigint LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN RETURN (SELECT count(*) FROM dlock.stats WHERE key = k); END$$;");
+}
+
+/* Look for signs of a crash in the server log written since we started. */
+static void
+check_server_log(bool at_start)
+{
+	FILE	   *f;
+	char		line[8192];
+
+	if (!server_log)
+		return;
+	f = fopen(server_log, "r");
+	if (!f)
+	{
+		fprintf(stderr, "%s: cannot open %s: %m\n", progname, server_log);
+		exit(2);
+	}
+	if (at_start)
+	{
+		fseek(f, 0, SEEK_END);
+		log_offset = ftell(f);
+		fclose(f);
+		return;
+	}
+	fseek(f, log_offset, SEEK_SET);
+	while (fgets(line, sizeof(line), f))
+	{
+		if (strstr(line, "PANIC") || strstr(line, "TRAP") ||
+			strstr(line, "terminated by signal") ||
+			strstr(line, "was terminated by exception") ||
+			strstr(line, "terminating any other active server processes") ||
+			strstr(line, "all server processes terminated"))
+		{
+			crashes++;
+			violation(NULL, "server log: %.400s", line);
+		}
+	}
+	fclose(f);
+}
+
+/* Print the help. */
+static void
+usage(void)
+{
+	printf("%s makes calls of every function of the dlock extension with hostile\n"
+		   "arguments, and attacks as an ordinary role, checking that nothing crashes\n"
+		   "and that every refused call changes nothing.\n\n", progname);
+	printf("Usage:\n  %s --calls N [--seed X] [OPTION]...\n\n", progname);
+	printf("Options:\n"
+		   "  -n, --calls=N         number of calls to make (default 1000)\n"
+		   "  -s, --seed=X          seed of the generator (default: random, printed)\n"
+		   "      --role=NAME       ordinary role to create and attack with (default dlock_fuzz)\n"
+		   "      --server-log=FILE look for PANIC, TRAP and signal deaths in FILE\n"
+		   "      --inject=SQL      also make this call as an attack that must be\n"
+		   "                        refused (to see the checker go red)\n"
+		   "  -v, --verbose         print every call\n"
+		   "  -d, --dbname=CONNSTR  database or connection string (as a superuser)\n"
+		   "  -h, --host=HOST       -p, --port=PORT       -U, --username=USER\n"
+		   "      --help            show this help\n\n"
+		   "Exit status: 0 no violation, 1 violations (printed), 2 bad usage or setup.\n");
+}
+
+int
+main(int argc, char **argv)
+{
+	static struct option long_options[] = {
+		{"calls", required_argument, NULL, 'n'},
+		{"seed", required_argument, NULL, 's'},
+		{"dbname", required_argument, NULL, 'd'},
+		{"host", required_argument, NULL, 'h'},
+		{"port", required_argument, NULL, 'p'},
+		{"username", required_argument, NULL, 'U'},
+		{"verbose", no_argument, NULL, 'v'},
+		{"role", required_argument, NULL, 1},
+		{"server-log", required_argument, NULL, 2},
+		{"inject", required_argument, NULL, 3},
+		{"help", no_argument, NULL, 4},
+		{NULL, 0, NULL, 0}
+	};
+	long		ncalls = 1000;
+	uint64		seed;
+	bool		seeded = false;
+	int			opt;
+	int			i;
+	int64		start;
+	char	   *err;
+	char	   *sql;
+
+	while ((opt = getopt_long(argc, argv, "n:s:d:h:p:U:v", long_options, NULL)) != -1)
+	{
+		switch (opt)
+		{
+			case 'n':
+				ncalls = atol(optarg);
+				break;
+			case 's':
+				seed = strtoull(optarg, NULL, 10);
+				seeded = true;
+				break;
+			case 'd':
+				keywords[nconnopts] = "dbname";
+				values[nconnopts++] = optarg;
+				break;
+			case 'h':
+				keywords[nconnopts] = "host";
+				values[nconnopts++] = optarg;
+				break;
+			case 'p':
+				keywords[nconnopts] = "port";
+				values[nconnopts++] = optarg;
+				break;
+			case 'U':
+				keywords[nconnopts] = "user";
+				values[nconnopts++] = optarg;
+				break;
+			case 'v':
+				verbose = true;
+				break;
+			case 1:
+				role = optarg;
+				break;
+			case 2:
+				server_log = optarg;
+				break;
+			case 3:
+				inject = optarg;
+				break;
+			case 4:
+				usage();
+				exit(0);
+			default:
+				fprintf(stderr, "Try \"%s --help\" for more information.\n", progname);
+				exit(2);
+		}
+		if (nconnopts >= 6)
+		{
+			fprintf(stderr, "%s: too many connection options\n", progname);
+			exit(2);
+		}
+	}
+	if (optind < argc || ncalls <= 0)
+	{
+		fprintf(stderr, "%s: bad arguments; try \"%s --help\"\n", progname, progname);
+		exit(2);
+	}
+	for (i = 0; role[i]; i++)
+		if (!(role[i] >= 'a' && role[i] <= 'z') && role[i] != '_' &&
+			!(role[i] >= '0' && role[i] <= '9'))
+		{
+			fprintf(stderr, "%s: --role must be a lower-case name\n", progname);
+			exit(2);
+		}
+	if (!seeded)
+	{
+		struct timeval tv;
+
+		gettimeofday(&tv, NULL);
+		seed = ((uint64) tv.tv_sec * 1000003) ^ tv.tv_usec ^ ((uint64) getpid() << 20);
+		seed %= UINT64CONST(1000000000000);
+	}
+	rng_state = seed;
+	printf("dlock-fuzz: seed %llu, %ld calls\n", (unsigned long long) seed, ncalls);
+	fflush(stdout);
+
+	sql = psprintf("-c search_path=pg_catalog -c dlock_fuzz.role=%s", role);
+	dig = connect_as(NULL, "dlock-fuzz-digest", sql);
+	if (PQstatus(dig) != CONNECTION_OK)
+		exit(2);
+	if (strcmp(must_value(dig, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"), "t") != 0)
+	{
+		fprintf(stderr, "%s: connect as a superuser (it creates the role %s)\n", progname, role);
+		exit(2);
+	}
+	digest_pid = must_value(dig, "SELECT pg_backend_pid()");
+	superuser_name = must_value(dig, "SELECT quote_ident(current_user)");
+	dbname_q = must_value(dig, "SELECT quote_ident(current_database())");
+	su = connect_as(NULL, "dlock-fuzz-su", "-c statement_timeout=10s");
+	if (PQstatus(su) != CONNECTION_OK)
+		exit(2);
+	check_server_log(true);
+	setup(seed);
+	prepare_digest();
+	if (!read_digest(&cur, true, &err))
+	{
+		fprintf(stderr, "%s: cannot read the state: %s", progname, err);
+		exit(2);
+	}
+
+	start = now_ms();
+	while (calls_made < ncalls && !stop)
+	{
+		int			r = rnd(100);
+
+		if (calls_made % 500 == 499)
+			maintain();
+		if (r < 30)
+			gen_api();
+		else if (r < 52)
+			gen_write();
+		else if (r < 60)
+			gen_odd();
+		else if (r < 66)
+			gen_template();
+		else if (r < 67)
+			gen_parallel();
+		else if (r < 74)
+			gen_session();
+		else if (r < 75)
+			gen_reconnect();
+		else
+			gen_attack();
+	}
+	check_server_log(false);
+
+	/* the histograms */
+	printf("SQLSTATE histogram (%ld calls in %.1f s):\n", calls_made,
+		   (now_ms() - start) / 1000.0);
+	for (i = 0; i < nstates; i++)
+	{
+		int			j;
+		int			best = i;
+		Count		tmp;
+
+		for (j = i + 1; j < nstates; j++)
+			if (states[j].n > states[best].n)
+				best = j;
+		tmp = states[i];
+		states[i] = states[best];
+		states[best] = tmp;
+		printf("  %-8s %7ld\n", states[i].name, states[i].n);
+	}
+	printf("by category and SQLSTATE:\n");
+	for (i = 0; i < ncats; i++)
+		printf("  %-24s %7ld\n", cats[i].name, cats[i].n);
+	printf("attacks refused: %ld, stale writes refused: %ld, writes under the current token accepted: %ld\n",
+		   forgeries_refused, stale_refused, accepted_writes);
+	printf("time spent reading the state: %.1f s; in calls:", digest_ms / 1000.0);
+	for (i = 0; i < ntimes; i++)
+		printf(" %s %.1f s", times[i].name, times[i].n / 1000.0);
+	printf("\n");
+	printf("crashes: %ld, violations: %ld\n", crashes, violations);
+	if (violations > MAX_SHOWN)
+		printf("(only the first %d violations were printed)\n", MAX_SHOWN);
+	PQfinish(usr);
+	PQfinish(su);
+	PQfinish(dig);
+	return violations ? 1 : 0;
+}

@@ -1,0 +1,164 @@
+# Hostile input (issue 9, section 5): fuzz/dlock-fuzz calls every SQL
+# function of dlock and writes through fence_guard with hostile arguments,
+# and attacks as an ordinary role (CREATE on the database and on public)
+# every way we know to forge or destroy a lease.  After every call it reads
+# a digest of the state over a separate superuser connection (the lease
+# rows with their owners, the token sequence, dlock's catalog entries, the
+# protected tables) and counts as a violation: a crash (lost connection,
+# restarted postmaster, PANIC/TRAP/signal death in the server log), any
+# XX000, any SQLSTATE outside its allowlist, any state change from a
+# refused call, any attack or stale write that succeeds, a held key granted
+# to another, a wrong owner's renew/release that did not fail.
+#
+# a. Two runs at once on a preloaded server with max_prepared_transactions
+#    > 0 (so PREPARE TRANSACTION reaches dlock's own refusal): a fixed seed
+#    and a random seed (printed), 20,000 calls in total; both exit 0 with
+#    0 crashes and 0 violations, and print the SQLSTATE histogram.
+# b. The checks are honest: the same program goes red (exit 1, the
+#    violation named) when an attack is let through (a call injected that
+#    succeeds), when PUBLIC is granted UPDATE/DELETE on dlock.leases and
+#    the sequence (forgeries succeed; a refused call moves the sequence),
+#    when a call raises XX000, and when a backend is killed with SIGKILL
+#    during the run (the server restarts).
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+
+my $fuzz = "$ENV{TESTDIR}/fuzz/dlock-fuzz";
+if (!-x $fuzz)
+{
+	my $pg_config = $ENV{PG_CONFIG} // 'pg_config';
+	system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/fuzz",
+		"PG_CONFIG=$pg_config");
+}
+ok(-x $fuzz, 'dlock-fuzz is built');
+
+my $fixed_seed = 20260901;
+my $fixed_calls = 12000;
+my $random_calls = 8000;
+my $random_seed = int(rand(1_000_000_000));
+
+my $node = PostgreSQL::Test::Cluster->new('hostile');
+$node->init;
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'dlock'
+max_prepared_transactions = 2
+max_worker_processes = 8
+max_parallel_workers = 4
+restart_after_crash = on
+log_min_messages = warning
+log_min_error_statement = panic
+});
+$node->start;
+my $log = $node->logfile;
+for my $db (qw(fuzz1 fuzz2 fuzz3 fuzz4 fuzz5 fuzz6))
+{
+	$node->safe_psql('postgres',
+		"CREATE DATABASE $db TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'");
+}
+
+# Start dlock-fuzz on database db as role; returns the harness.
+sub start_fuzz
+{
+	my ($db, $role, $seed, $calls, $out, $err, @extra) = @_;
+	my @cmd = (
+		$fuzz, '--calls', $calls, '--seed', $seed, '--role', $role,
+		'--server-log', $log, '-h', $node->host, '-p', $node->port,
+		'-d', $db, @extra);
+	return IPC::Run::start(\@cmd, '>', $out, '2>', $err,
+		IPC::Run::timeout(900));
+}
+
+# ---- a: the runs ----------------------------------------------------------
+my ($out1, $err1, $out2, $err2) = ('', '', '', '');
+my $t0 = time;
+my $h1 = start_fuzz('fuzz1', 'dlock_fuzz1', $fixed_seed, $fixed_calls,
+	\$out1, \$err1);
+my $h2 = start_fuzz('fuzz2', 'dlock_fuzz2', $random_seed, $random_calls,
+	\$out2, \$err2);
+$h1->finish;
+my $rc1 = $? >> 8;
+$h2->finish;
+my $rc2 = $? >> 8;
+diag("fixed seed $fixed_seed, $fixed_calls calls:\n$out1$err1");
+diag("random seed $random_seed, $random_calls calls (rerun with --seed $random_seed):\n$out2$err2");
+diag(sprintf("both runs took %d s", time - $t0));
+is($rc1, 0, "fixed seed $fixed_seed: dlock-fuzz exits 0");
+like($out1, qr/^crashes: 0, violations: 0$/m, 'fixed seed: 0 crashes, 0 violations');
+like($out1, qr/^SQLSTATE histogram \($fixed_calls calls/m, 'fixed seed: all calls made');
+unlike($out1 . $err1, qr/XX000/, 'fixed seed: no XX000');
+is($rc2, 0, "random seed $random_seed: dlock-fuzz exits 0");
+like($out2, qr/^crashes: 0, violations: 0$/m, 'random seed: 0 crashes, 0 violations');
+like($out2, qr/^SQLSTATE histogram \($random_calls calls/m, 'random seed: all calls made');
+ok($out1 =~ /attacks refused: (\d+), stale writes refused: (\d+), writes under the current token accepted: (\d+)/
+	  && $1 > 1000 && $2 > 1000 && $3 > 100,
+	'fixed seed: many attacks and stale writes refused, many good writes accepted');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM pg_prepared_xacts"), '0', 'no prepared transaction left');
+
+# ---- b: the checks go red ---------------------------------------------------
+my ($o, $e);
+
+# an attack that succeeds
+($o, $e) = ('', '');
+my $h = start_fuzz('fuzz3', 'dlock_fuzz3', 1, 400, \$o, \$e,
+	'--inject', 'SELECT 1');
+$h->finish;
+isnt($? >> 8, 0, 'red: an injected attack that succeeds fails the run');
+like($e, qr/VIOLATION: attack succeeded.*\n.*SELECT 1/,
+	'red: the succeeding call is named');
+
+# XX000
+($o, $e) = ('', '');
+$h = start_fuzz('fuzz4', 'dlock_fuzz4', 1, 400, \$o, \$e,
+	'--inject', q{DO $$BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = 'XX000'; END$$});
+$h->finish;
+isnt($? >> 8, 0, 'red: an XX000 fails the run');
+like($e, qr/VIOLATION: internal error XX000/, 'red: the XX000 is named');
+
+# storage and sequence writable by PUBLIC: forgeries succeed, and a refused
+# call (nextval then a division by zero) moves the sequence
+$node->safe_psql('fuzz5', q{
+	CREATE EXTENSION dlock;
+	GRANT INSERT, UPDATE, DELETE ON dlock.leases TO PUBLIC;
+	GRANT USAGE, UPDATE ON SEQUENCE dlock.fence_seq TO PUBLIC;
+});
+($o, $e) = ('', '');
+$h = start_fuzz('fuzz5', 'dlock_fuzz5', 2, 800, \$o, \$e,
+	'--inject', q{SELECT pg_catalog.nextval('dlock.fence_seq') / 0});
+$h->finish;
+isnt($? >> 8, 0, 'red: writable storage fails the run');
+like($e, qr/VIOLATION: attack succeeded.*\n.*dlock\.(leases|fence_seq)/,
+	'red: a forgery of the storage or the sequence is named');
+like($e, qr/VIOLATION: dlock\.fence_seq moved from \d+ to \d+\n.*nextval.*\/ 0/,
+	'red: a refused call that moved the sequence is named');
+
+# a backend killed during the run: the server restarts (the digest
+# connection's backend: it is never reconnected, so its pid stays ours)
+($o, $e) = ('', '');
+$h = start_fuzz('fuzz6', 'dlock_fuzz6', 3, 20000, \$o, \$e);
+my $pid = '';
+foreach my $i (1 .. 600)
+{
+	$pid = $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE application_name = 'dlock-fuzz-digest' AND datname = 'fuzz6'");
+	last if $pid =~ /^\d+$/;
+	usleep(100_000);
+}
+like($pid, qr/^\d+$/, 'the fuzzer of the crash check is running');
+sleep 2;
+my $cmdline = eval { slurp_file("/proc/$pid/cmdline") } // '';
+like($cmdline, qr/^postgres: /, 'the pid is still a backend');
+kill 'KILL', $pid if $cmdline =~ /^postgres: /;
+$h->finish;
+isnt($? >> 8, 0, 'red: a backend killed by a signal fails the run');
+like($e, qr/VIOLATION: (connection lost|the server restarted|cannot read the state|server log)/,
+	'red: the crash is named');
+$node->poll_query_until('postgres', 'SELECT true')
+  or die 'the server did not come back';
+
+$node->stop;
+done_testing();
