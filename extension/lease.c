@@ -157,6 +157,49 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 }
 
 /*
+ * A waiter's timers are server-clock times (a lease's expiry, the end of a
+ * lock delay, the wait's deadline, lock_timeout), but its sleeps are
+ * measured on the monotonic clock: after a forward step of the server's
+ * clock, a sleep computed before it would last long past the time it was
+ * meant to end.  So a waiter sleeps at most DLOCK_WAIT_RECHECK_MS at a
+ * time and compares the clock with its timer in between; a backward step
+ * needs nothing, since leases then last longer on that same clock.
+ */
+#define DLOCK_WAIT_RECHECK_MS	1000
+
+/*
+ * Sleep on our latch until it is set or the server clock reaches wake_at
+ * (DT_NOEND: no timer).
+ */
+static void
+sleep_until(TimestampTz wake_at)
+{
+	for (;;)
+	{
+		int			events = WL_LATCH_SET | WL_EXIT_ON_PM_DEATH;
+		long		timeout_ms = -1;
+		TimestampTz now = GetCurrentTimestamp();
+		int			rc;
+
+		if (wake_at != DT_NOEND)
+		{
+			/* round up, so that a lease is seen expired when we wake */
+			timeout_ms = (long) Min((wake_at - now + 999) / 1000,
+									DLOCK_WAIT_RECHECK_MS);
+			if (timeout_ms < 1)
+				timeout_ms = 1;
+			events |= WL_TIMEOUT;
+		}
+		rc = WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		if ((rc & WL_LATCH_SET) || wake_at == DT_NOEND ||
+			GetCurrentTimestamp() >= wake_at)
+			return;
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
  * Grant key, waiting on our latch while the key lock is busy, a live lease
  * (or a lock delay) holds the key, or, when the module is preloaded,
  * others queued for the key before us; until deadline when bounded.
@@ -168,14 +211,6 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
  * wake-ups; the others sleep until the waiter ahead of them leaves the
  * queue (shmem.c), so a release wakes one waiter, not all.
  */
-/*
- * Longest a waiter for a lease that will expire (or whose wait is bounded)
- * sleeps between looks at the key.  Expiry and deadlines are judged on the
- * server's clock, which may be stepped while we sleep; waking now and then
- * costs one lock and one row read per second per waiting head of a queue.
- */
-#define DLOCK_WAIT_RECHECK_MS	1000
-
 static GrantResult
 grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 			  bool bounded, TimestampTz deadline, DlockLease *lease,
@@ -231,8 +266,6 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 			TimestampTz now;
 			TimestampTz wake_at = DT_NOEND;
 			TimestampTz until = 0;
-			long		timeout_ms = -1;
-			int			events = WL_LATCH_SET | WL_EXIT_ON_PM_DEATH;
 
 			CHECK_FOR_INTERRUPTS();
 			if (queued && !dlock_queue_is_head())
@@ -291,23 +324,8 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 			}
 			if (bounded && deadline < wake_at)
 				wake_at = deadline;
-			if (wake_at != DT_NOEND)
-			{
-				/*
-				 * Round up, so that a lease is seen expired when we wake;
-				 * but look again at least every DLOCK_WAIT_RECHECK_MS:
-				 * wake_at is server-clock time, and a clock stepped forward
-				 * ends the lease (or our wait) long before the timer would.
-				 */
-				timeout_ms = (long) Min((wake_at - now + 999) / 1000,
-										DLOCK_WAIT_RECHECK_MS);
-				if (timeout_ms < 1)
-					timeout_ms = 1;
-				events |= WL_TIMEOUT;
-			}
 			slept = true;
-			(void) WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
-			ResetLatch(MyLatch);
+			sleep_until(wake_at);
 		}
 	}
 	PG_CATCH();
