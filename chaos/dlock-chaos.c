@@ -23,10 +23,15 @@
  * cannot be known (the connection died during a grant, a renewal, a
  * release or a COMMIT) is indeterminate: the checker allows both outcomes.
  *
- * The lease's expiry is bounded from the client's side only: it is before
+ * The lease's expiry is judged twice.  From the client's side: it is before
  * (completion of the last grant or renewal that may have succeeded) + TTL,
  * since the server computed it from its clock at some moment before that
- * completion.  No server timestamp is needed.
+ * completion.  By the server's clock: the history row's written_at
+ * (clock_timestamp() when the INSERT ran) must be before the expires_at
+ * that the lease's last grant or renewal returned.
+ *
+ * --sabotage breaks one property for real (debug), so that the check must
+ * report it: CI shows each check firing that way.
  *
  * chaos/dlock-chaos.c
  *
@@ -88,6 +93,9 @@ typedef struct ChaosOp
 	int64		t_ins;			/* write: INSERT of the history row invoked */
 	int64		t_commit;		/* write: COMMIT invoked */
 	int64		deadline;		/* the lease expires before this */
+	int64		expires_srv;	/* grant, renewal: the expires_at returned,
+								 * us since the Unix epoch by the server's
+								 * clock; 0 if none */
 	int64		fence;
 	int64		value;			/* write: counter value written */
 	int32		worker;
@@ -118,6 +126,31 @@ static bool keep_logs = false;
 static bool no_fence = false;
 static int	crash_every_s = 10;
 static int	nemesis_ms = 300;
+static int	sabotage = 0;
+static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
+
+/* --sabotage kinds (debug: each breaks a property the check must catch) */
+#define S_SETVAL		0x01	/* setval the token sequence back mid-run */
+#define S_DELETE		0x02	/* delete an acknowledged write's history row */
+#define S_FORGE			0x04	/* insert a history row nobody wrote */
+#define S_SERVERLOG		0x08	/* append a "terminated by signal 11" line */
+#define S_SUPERSEDED	0x10	/* write, fence bypassed, after a newer grant */
+#define S_EXPIRED		0x20	/* write, fence bypassed, after the expiry */
+#define S_ASYNC			0x40	/* synchronous_commit = off, crash after acks */
+
+static const struct
+{
+	const char *name;
+	int			flag;
+}			sabotage_kinds[] = {
+	{"setval", S_SETVAL},
+	{"delete-history", S_DELETE},
+	{"forge-history", S_FORGE},
+	{"server-log", S_SERVERLOG},
+	{"superseded", S_SUPERSEDED},
+	{"expired", S_EXPIRED},
+	{"async-commit", S_ASYNC},
+};
 
 /* state */
 static volatile sig_atomic_t stop_requested = 0;
@@ -137,6 +170,8 @@ static long n_crash_backendkill = 0;
 static int	killed_pids[MAX_KILLED];
 static int	nkilled = 0;
 static long server_log_start = 0;
+static volatile int64 *acked_writes;	/* shared: writes whose COMMIT
+										 * returned, for async-commit */
 
 /* Microseconds on CLOCK_MONOTONIC, the same clock in every process. */
 static int64
@@ -215,6 +250,8 @@ connect_db(const char *appname, bool verbose)
 	const char *values[10];
 	int			n = 0;
 	PGconn	   *conn;
+	bool		async = (sabotage & S_ASYNC) &&
+		strncmp(appname, "dlock-chaos-w", 13) == 0;
 
 	keywords[n] = "dbname";
 	values[n++] = dbname;
@@ -229,7 +266,10 @@ connect_db(const char *appname, bool verbose)
 	keywords[n] = "application_name";
 	values[n++] = appname;
 	keywords[n] = "options";
-	values[n++] = "-c statement_timeout=20s -c idle_in_transaction_session_timeout=60s";
+	/* --sabotage=async-commit: the workers' commits are not durable */
+	values[n++] = async ?
+		"-c statement_timeout=20s -c idle_in_transaction_session_timeout=60s -c synchronous_commit=off" :
+		"-c statement_timeout=20s -c idle_in_transaction_session_timeout=60s";
 	keywords[n] = NULL;
 	values[n] = NULL;
 
@@ -338,11 +378,11 @@ op_end(ChaosOp *r, int outcome, const char *state)
 }
 
 /*
- * Grant a random key with a random TTL.  Returns RC_OK with *l filled, or
- * another class.
+ * Grant key (a random one if key < 0) with a random TTL.  Returns RC_OK
+ * with *l filled, or another class.
  */
 static int
-do_grant(PGconn *conn, Lease *l)
+do_grant(PGconn *conn, Lease *l, int key)
 {
 	ChaosOp		r;
 	char		keybuf[64],
@@ -356,7 +396,7 @@ do_grant(PGconn *conn, Lease *l)
 	bool		wait = chance(0.2);
 
 	memset(l, 0, sizeof(*l));
-	l->key = (int) rnd_range(0, nkeys - 1);
+	l->key = key >= 0 ? key : (int) rnd_range(0, nkeys - 1);
 	l->ttl_ms = (int) rnd_range(100, 500);
 	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
 	snprintf(ttlbuf, sizeof(ttlbuf), "%d ms", l->ttl_ms);
@@ -370,7 +410,7 @@ do_grant(PGconn *conn, Lease *l)
 		params[1] = ttlbuf;
 		params[2] = waitbuf;
 		params[3] = holder;
-		rc = run(conn, "SELECT owner, fence FROM dlock.acquire($1, $2::interval, wait => $3::interval, holder => $4)",
+		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint FROM dlock.acquire($1, $2::interval, wait => $3::interval, holder => $4)",
 				 4, params, &res, state, my_worker);
 	}
 	else
@@ -378,7 +418,7 @@ do_grant(PGconn *conn, Lease *l)
 		params[0] = keybuf;
 		params[1] = ttlbuf;
 		params[2] = holder;
-		rc = run(conn, "SELECT owner, fence FROM dlock.try_acquire($1, $2::interval, holder => $3)",
+		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint FROM dlock.try_acquire($1, $2::interval, holder => $3)",
 				 3, params, &res, state, my_worker);
 	}
 	if (rc == RC_OK && PQntuples(res) == 1)
@@ -386,6 +426,7 @@ do_grant(PGconn *conn, Lease *l)
 		strlcpy(l->owner, PQgetvalue(res, 0, 0), sizeof(l->owner));
 		l->fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
 		r.fence = l->fence;
+		r.expires_srv = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
 		op_end(&r, OUT_OK, state);
 		l->deadline = r.t_done + (int64) l->ttl_ms * 1000;
 	}
@@ -419,11 +460,12 @@ do_renew(PGconn *conn, Lease *l)
 	params[1] = l->owner;
 	params[2] = ttlbuf;
 	op_begin(&r, OP_RENEW, l);
-	rc = run(conn, "SELECT dlock.renew($1, $2::uuid, $3::interval)", 3, params,
-			 &res, state, my_worker);
+	rc = run(conn, "SELECT (extract(epoch FROM dlock.renew($1, $2::uuid, $3::interval)) * 1000000)::bigint",
+			 3, params, &res, state, my_worker);
 	newdl = now_us() + (int64) l->ttl_ms * 1000;
 	if (rc == RC_OK && !PQgetisnull(res, 0, 0))
 	{
+		r.expires_srv = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
 		op_end(&r, OUT_OK, state);
 		l->deadline = Max(l->deadline, newdl);
 	}
@@ -480,9 +522,11 @@ rollback(PGconn *conn)
  * One read-modify-write transaction under the lease: read the key's
  * counter, write counter + 1 to it and append it to the history.  Returns
  * RC_OK (committed), RC_LF001 (refused: the lease is lost), RC_LOST, RC_OTHER.
+ * With bypass (--sabotage), no pause, and the fencing trigger is bypassed
+ * (dlock.fence_bypass): the write is accepted whatever the lease.
  */
 static int
-do_write(PGconn *conn, Lease *l)
+do_write(PGconn *conn, Lease *l, bool bypass)
 {
 	ChaosOp		r;
 	char		kbuf[32],
@@ -501,6 +545,8 @@ do_write(PGconn *conn, Lease *l)
 	snprintf(kbuf, sizeof(kbuf), "k%d", l->key);
 	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
 	snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, l->fence);
+	if (bypass)
+		pause = 2;
 
 	/*
 	 * The token column presents a token only when the UPDATE changes it, so
@@ -524,6 +570,14 @@ do_write(PGconn *conn, Lease *l)
 	if (rc != RC_OK)
 		goto failed;
 	PQclear(res);
+	if (bypass)
+	{
+		rc = run(conn, "SET LOCAL dlock.fence_bypass = on", 0, NULL, &res,
+				 state, my_worker);
+		if (rc != RC_OK)
+			goto failed;
+		PQclear(res);
+	}
 	if (r.flags & F_USE_FENCE)
 	{
 		params[0] = keybuf;
@@ -587,7 +641,18 @@ do_write(PGconn *conn, Lease *l)
 	rc = run(conn, "COMMIT", 0, NULL, &res, state, my_worker);
 	PQclear(res);
 	if (rc == RC_OK)
+	{
 		op_end(&r, OUT_OK, state);
+		/* the record is in the stdio buffer: it is read after we exit */
+		__sync_fetch_and_add(acked_writes, 1);
+
+		/*
+		 * --sabotage=async-commit: give the nemesis time to crash the server
+		 * before our next grant's synchronous flush writes this commit out.
+		 */
+		if (sabotage & S_ASYNC)
+			sleep_until(now_us() + 20000);
+	}
 	else
 		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
 	return rc;
@@ -604,6 +669,46 @@ failed:
 	return rc;
 }
 
+/*
+ * --sabotage=expired and superseded: wait past the lease's expiry (for
+ * superseded, grant the key again on this connection: a larger token,
+ * acknowledged), then write under the old lease with the fencing trigger
+ * bypassed.  Sets *done once such a write has committed.
+ */
+static int
+sabotage_write(PGconn *conn, Lease *l, bool *done)
+{
+	Lease		l2;
+	bool		regranted = false;
+	int			rc;
+
+	sleep_until(l->deadline + 30000);
+	if (stop_requested)
+		return RC_BUSY;
+	if (sabotage & S_SUPERSEDED)
+	{
+		rc = do_grant(conn, &l2, l->key);
+		if (rc != RC_OK)
+			return rc;
+		regranted = true;
+	}
+	rc = do_write(conn, l, true);
+	if (rc == RC_OK)
+	{
+		*done = true;
+		printf("dlock-chaos: sabotage: worker %d wrote k%d with fence " INT64_FORMAT " (fence_bypass) after its lease expired%s\n",
+			   my_worker, l->key, l->fence, regranted ? " and the key was granted again" : "");
+	}
+	if (regranted && rc != RC_LOST)
+	{
+		int			rc2 = do_release(conn, &l2);
+
+		if (rc2 == RC_LOST)
+			rc = rc2;
+	}
+	return rc;
+}
+
 /* A worker process: loop on leases until told to stop. */
 static int
 worker_main(int w)
@@ -613,6 +718,7 @@ worker_main(int w)
 	PGconn	   *conn = NULL;
 	int64		hard_end = end_us + 120 * INT64CONST(1000000);
 	int64		down_since = 0;
+	bool		sabotaged = false;
 
 	my_worker = w;
 	rng_state = seed * 1000003 + (uint64) w + 1;
@@ -656,7 +762,7 @@ worker_main(int w)
 			down_since = 0;
 		}
 
-		rc = do_grant(conn, &l);
+		rc = do_grant(conn, &l, -1);
 		if (rc != RC_OK)
 		{
 			if (rc == RC_LOST)
@@ -666,6 +772,19 @@ worker_main(int w)
 			}
 			else
 				sleep_until(now_us() + rnd_range(0, 10000));
+			continue;
+		}
+
+		/* --sabotage=expired, superseded: once, by worker 0, after 0.5 s */
+		if (w == 0 && (sabotage & (S_EXPIRED | S_SUPERSEDED)) && !sabotaged &&
+			now_us() > start_us + 500000)
+		{
+			rc = sabotage_write(conn, &l, &sabotaged);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+			}
 			continue;
 		}
 
@@ -683,7 +802,7 @@ worker_main(int w)
 			}
 			/* some work outside the transaction */
 			sleep_until(now_us() + rnd_range(0, l.ttl_ms * 100));
-			rc = do_write(conn, &l);
+			rc = do_write(conn, &l, false);
 			if (rc != RC_OK)
 				alive = false;
 		}
@@ -705,6 +824,8 @@ worker_main(int w)
 	}
 	if (conn)
 		PQfinish(conn);
+	if (w == 0 && (sabotage & (S_EXPIRED | S_SUPERSEDED)) && !sabotaged)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to write after its lease's expiry\n");
 	if (fclose(oplog) != 0)
 	{
 		fprintf(stderr, "dlock-chaos: worker %d: cannot write its log: %m\n", w);
@@ -900,6 +1021,48 @@ crash_restart(PGconn **nconn)
 }
 
 /*
+ * --sabotage=async-commit: wait (at most 3 s) until a worker's COMMIT has
+ * returned (the workers count them in shared memory), then stop the server
+ * at once (SIGQUIT to the postmaster, what pg_ctl stop -m immediate sends),
+ * before the WAL writer flushes that asynchronous commit, and start it
+ * again.  Returns false if it cannot be brought back.
+ */
+static bool
+crash_after_ack(PGconn **nconn)
+{
+	int64		base = *acked_writes;
+	int64		give_up = now_us() + 3 * INT64CONST(1000000);
+	pid_t		pm;
+
+	continue_all();
+	while (*acked_writes == base && now_us() < give_up && !stop_requested)
+		sleep_until(now_us() + 200);
+	pm = postmaster_pid();
+	if (pm == 0)
+		return start_server();
+	if (kill(pm, SIGQUIT) == 0)
+	{
+		int64		wait_end = now_us() + 30 * INT64CONST(1000000);
+
+		n_crash_immediate++;
+		while (kill(pm, 0) == 0 && now_us() < wait_end)
+			sleep_until(now_us() + 20000);
+	}
+	if (*nconn)
+	{
+		PQfinish(*nconn);
+		*nconn = NULL;
+	}
+	if (!start_server())
+	{
+		fprintf(stderr, "dlock-chaos: the server did not start again (see %s/pg_ctl.out and %s)\n",
+				logdir, server_log);
+		return false;
+	}
+	return true;
+}
+
+/*
  * The nemesis, in the main process, until the duration is over or we are
  * interrupted.  Returns false if the server could not be restarted.
  */
@@ -910,11 +1073,36 @@ nemesis(void)
 	int64		next_action = now_us() + 500000;
 	int64		next_crash = pgdata ? now_us() + rnd_range(crash_every_s / 2 * 1000000, crash_every_s * 1500000) : 0;
 	bool		ok = true;
+	bool		setval_done = false;
+
+	if (sabotage & S_ASYNC)
+		next_crash = now_us() + 1000000;
 
 	while (!stop_requested && now_us() < end_us)
 	{
 		int64		t = now_us();
 		int			i;
+
+		/*
+		 * --sabotage=setval: half-way, set the token sequence back to where
+		 * it was when the run began, so that the next grants draw the tokens
+		 * of the first half's grants again.
+		 */
+		if ((sabotage & S_SETVAL) && !setval_done && nconn != NULL &&
+			t >= start_us + (end_us - start_us) / 2)
+		{
+			const char *params[1] = {seq_at_start};
+			PGresult   *res = PQexecParams(nconn, "SELECT last_value, setval('dlock.fence_seq', $1::bigint) FROM dlock.fence_seq",
+										   1, NULL, params, NULL, NULL, 0);
+
+			if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+			{
+				printf("dlock-chaos: sabotage: dlock.fence_seq set back from %s to %s at %.3f s\n",
+					   PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1), (t - start_us) / 1e6);
+				setval_done = true;
+			}
+			PQclear(res);
+		}
 
 		for (i = 0; i < nworkers; i++)
 			if (stopped_until[i] != 0 && t >= stopped_until[i])
@@ -944,12 +1132,15 @@ nemesis(void)
 
 		if (pgdata && t >= next_crash)
 		{
-			if (!crash_restart(&nconn))
+			if (!((sabotage & S_ASYNC) ? crash_after_ack(&nconn) : crash_restart(&nconn)))
 			{
 				ok = false;
 				break;
 			}
 			next_crash = now_us() + rnd_range(crash_every_s / 2 * 1000000, crash_every_s * 1500000);
+			/* async-commit: crash again as soon as the workers are back */
+			if (sabotage & S_ASYNC)
+				next_crash = now_us() + rnd_range(300000, 800000);
 			next_action = now_us() + 200000;
 		}
 		else if (t >= next_action)
@@ -1015,11 +1206,19 @@ setup(void)
 	setup_exec(conn, "CREATE EXTENSION IF NOT EXISTS dlock");
 	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter");
 	setup_exec(conn, "CREATE TABLE dlock_chaos_counter (k text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL DEFAULT 0)");
-	setup_exec(conn, "CREATE TABLE dlock_chaos_history (id bigserial PRIMARY KEY, k text NOT NULL, value bigint NOT NULL, fence bigint NOT NULL, worker int NOT NULL, op int NOT NULL)");
+	setup_exec(conn, "CREATE TABLE dlock_chaos_history (id bigserial PRIMARY KEY, k text NOT NULL, value bigint NOT NULL, fence bigint NOT NULL, worker int NOT NULL, op int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())");
 	snprintf(sql, sizeof(sql),
 			 "INSERT INTO dlock_chaos_counter (k, value) SELECT 'k' || i, 0 FROM generate_series(0, %d) i",
 			 nkeys - 1);
 	setup_exec(conn, sql);
+	if (sabotage & S_SETVAL)
+	{
+		PGresult   *res = PQexec(conn, "SELECT last_value FROM dlock.fence_seq");
+
+		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+			strlcpy(seq_at_start, PQgetvalue(res, 0, 0), sizeof(seq_at_start));
+		PQclear(res);
+	}
 	if (!no_fence)
 	{
 		setup_exec(conn, "CREATE TRIGGER fence BEFORE INSERT OR UPDATE OR DELETE ON dlock_chaos_counter FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('dlock-chaos:{k}', 'fence')");
@@ -1033,6 +1232,8 @@ setup(void)
 static ChaosOp *wlog[MAX_WORKERS];
 static int	wlog_n[MAX_WORKERS];
 static bool *in_db[MAX_WORKERS];	/* per record: its history row exists */
+static int64 *written_at[MAX_WORKERS];	/* per record: the row's written_at
+										 * (us since the epoch), or 0 */
 
 /* violation counts by kind, and how many were printed */
 static long violations = 0;
@@ -1050,13 +1251,15 @@ static long vio_kind[16];
 #define V_ERROR		9
 #define V_SERVERLOG 10
 #define V_COUNTER	11
+#define V_STALE_SRV 12
 
 static const char *const vio_name[] = {
 	"history gap", "lost update (duplicate value)", "fences out of order",
 	"write accepted after its lease expired", "write accepted under a superseded lease",
 	"token reissued", "token not larger than an earlier acknowledged grant's",
 	"acknowledged write lost", "write in the database that was not accepted",
-	"unexpected error", "server log", "counter row wrong"
+	"unexpected error", "server log", "counter row wrong",
+	"write accepted after its lease expired (server clock)"
 };
 
 /* Report one violation (printed for the first SHOW_MAX of its kind). */
@@ -1096,6 +1299,7 @@ read_logs(void)
 		wlog_n[w] = (int) (st.st_size / sizeof(ChaosOp));
 		wlog[w] = pg_malloc0(sizeof(ChaosOp) * (wlog_n[w] + 1));
 		in_db[w] = pg_malloc0(sizeof(bool) * (wlog_n[w] + 1));
+		written_at[w] = pg_malloc0(sizeof(int64) * (wlog_n[w] + 1));
 		if (wlog_n[w] > 0 && fread(wlog[w], sizeof(ChaosOp), wlog_n[w], f) != (size_t) wlog_n[w])
 		{
 			fprintf(stderr, "dlock-chaos: cannot read %s\n", path);
@@ -1193,6 +1397,84 @@ check_server_log(void)
 	fclose(f);
 }
 
+/*
+ * --sabotage=delete-history, forge-history, server-log, after the run and
+ * before the check: delete the history row of the last acknowledged write,
+ * insert a row no worker wrote (both as a superuser, with
+ * dlock.fence_bypass), append a backend's segmentation fault to the server
+ * log.  Returns false if a sabotage could not be done.
+ */
+static bool
+sabotage_after_run(PGconn *conn)
+{
+	PGresult   *res;
+
+	if (sabotage & S_DELETE)
+	{
+		const ChaosOp *last = NULL;
+		char		wbuf[16],
+					obuf[16];
+		const char *params[2];
+		int			w,
+					i;
+
+		for (w = 0; w < nworkers; w++)
+			for (i = 0; i < wlog_n[w]; i++)
+				if (wlog[w][i].type == OP_WRITE && wlog[w][i].outcome == OUT_OK &&
+					(last == NULL || wlog[w][i].t_done > last->t_done))
+					last = &wlog[w][i];
+		if (last == NULL)
+		{
+			fprintf(stderr, "dlock-chaos: sabotage delete-history: no acknowledged write\n");
+			return false;
+		}
+		snprintf(wbuf, sizeof(wbuf), "%d", last->worker);
+		snprintf(obuf, sizeof(obuf), "%d", last->op);
+		params[0] = wbuf;
+		params[1] = obuf;
+		PQclear(PQexec(conn, "SET dlock.fence_bypass = on"));
+		res = PQexecParams(conn, "DELETE FROM dlock_chaos_history WHERE worker = $1 AND op = $2",
+						   2, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_COMMAND_OK || strcmp(PQcmdTuples(res), "1") != 0)
+		{
+			fprintf(stderr, "dlock-chaos: sabotage delete-history failed: %s", PQerrorMessage(conn));
+			PQclear(res);
+			return false;
+		}
+		PQclear(res);
+		printf("dlock-chaos: sabotage: deleted the history row of k%d value " INT64_FORMAT " (worker %d op %d, acknowledged)\n",
+			   last->key, last->value, last->worker, last->op);
+	}
+	if (sabotage & S_FORGE)
+	{
+		PQclear(PQexec(conn, "SET dlock.fence_bypass = on"));
+		res = PQexec(conn, "INSERT INTO dlock_chaos_history (k, value, fence, worker, op) SELECT 'k0', coalesce(max(value), 0) + 1, coalesce(max(fence), 0), 0, 1000000000 FROM dlock_chaos_history WHERE k = 'k0'");
+		if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		{
+			fprintf(stderr, "dlock-chaos: sabotage forge-history failed: %s", PQerrorMessage(conn));
+			PQclear(res);
+			return false;
+		}
+		PQclear(res);
+		printf("dlock-chaos: sabotage: inserted a history row of k0 that no worker wrote (worker 0 op 1000000000)\n");
+	}
+	if (sabotage & S_SERVERLOG)
+	{
+		FILE	   *f = server_log ? fopen(server_log, "a") : NULL;
+
+		if (f == NULL)
+		{
+			fprintf(stderr, "dlock-chaos: sabotage server-log needs a writable --server-log\n");
+			return false;
+		}
+		fprintf(f, "LOG:  server process (PID 1) was terminated by signal 11: Segmentation fault\n");
+		if (fclose(f) != 0)
+			return false;
+		printf("dlock-chaos: sabotage: appended a segmentation fault to %s\n", server_log);
+	}
+	return true;
+}
+
 /* Connect for the final check, waiting out a recovery in progress. */
 static PGconn *
 connect_for_check(void)
@@ -1241,7 +1523,9 @@ check(void)
 				c_indet = 0,
 				c_takeovers = 0,
 				c_attempts = 0,
-				c_lostconn = 0;
+				c_lostconn = 0,
+				c_srv_checked = 0,
+				c_srv_skipped = 0;
 	int64		maxfence;
 	int			prev_key = -1;
 	int64		expect = 0,
@@ -1255,7 +1539,9 @@ check(void)
 		fprintf(stderr, "dlock-chaos: cannot connect for the final check\n");
 		return -1;
 	}
-	res = PQexec(conn, "SELECT substr(k, 2)::int, value, fence, worker, op FROM dlock_chaos_history ORDER BY 1, 2, id");
+	if (sabotage && !sabotage_after_run(conn))
+		return -1;
+	res = PQexec(conn, "SELECT substr(k, 2)::int, value, fence, worker, op, (extract(epoch FROM written_at) * 1000000)::bigint FROM dlock_chaos_history ORDER BY 1, 2, id");
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		fprintf(stderr, "dlock-chaos: cannot read the history: %s", PQerrorMessage(conn));
@@ -1285,6 +1571,7 @@ check(void)
 		else
 		{
 			in_db[hw][hop] = true;
+			written_at[hw][hop] = strtoll(PQgetvalue(res, i, 5), NULL, 10);
 			if (r->outcome != OUT_OK && r->outcome != OUT_INDET)
 				violation(V_PHANTOM, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " by worker %d op %d was reported failed (%s) but is in the database",
 						  key, value, fence, hw, hop, r->sqlstate);
@@ -1456,6 +1743,51 @@ check(void)
 						  (r->flags & F_PAUSE_BEFORE) ? ", paused before" : "",
 						  (r->flags & F_PAUSE_INSIDE) ? ", paused inside" : "",
 						  (Max(r->t_ins, r->t_upd) - r->deadline) / 1000.0);
+
+			/*
+			 * By the server's clock: the row's written_at must be before the
+			 * expires_at returned by the last grant or renewal of its lease
+			 * before the write (the worker's log is in order; a renewal after
+			 * the write cannot make it legal).  Skipped if a renewal's
+			 * outcome is unknown.
+			 */
+			{
+				int64		limit = 0;
+				bool		unknown = false;
+				int			k;
+
+				for (k = i - 1; k >= 0; k--)
+				{
+					const ChaosOp *p = &wlog[w][k];
+
+					if (p->key != r->key || p->fence != r->fence)
+						continue;
+					if (p->type == OP_RENEW && p->outcome == OUT_OK)
+					{
+						if (limit == 0)
+							limit = p->expires_srv;
+					}
+					else if (p->type == OP_RENEW &&
+							 (p->outcome == OUT_INDET || p->outcome == OUT_UNEXPECTED))
+						unknown = true;
+					else if (p->type == OP_GRANT && p->outcome == OUT_OK)
+					{
+						if (limit == 0)
+							limit = p->expires_srv;
+						break;
+					}
+				}
+				if (unknown || limit == 0 || written_at[w][i] == 0)
+					c_srv_skipped++;
+				else
+				{
+					c_srv_checked++;
+					if (written_at[w][i] >= limit)
+						violation(V_STALE_SRV, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d): written_at is %.3f ms after the lease's expires_at",
+								  r->key, r->value, r->fence, w, i,
+								  (written_at[w][i] - limit) / 1000.0);
+				}
+			}
 			/* find this write's grant among the key's grants */
 			lo = 0;
 			hi = ngrants - 1;
@@ -1489,6 +1821,8 @@ check(void)
 		   rel(now_us()), nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER" : "");
 	printf("dlock-chaos: write attempts %ld, refused (LF001) %ld, cut off by the nemesis %ld; stale writes cut off %ld; crash kinds: immediate stop %ld, postmaster SIGKILL %ld, backend SIGKILL %ld\n",
 		   c_attempts, c_refused, c_lostconn, c_stale_cut, n_crash_immediate, n_crash_pmkill, n_crash_backendkill);
+	printf("dlock-chaos: accepted writes checked against the server's expires_at: %ld (skipped, a renewal's outcome unknown: %ld)\n",
+		   c_srv_checked, c_srv_skipped);
 	for (i = 0; i < (int) lengthof(vio_name); i++)
 		if (vio_kind[i] > 0)
 			printf("dlock-chaos: violations: %s: %ld\n", vio_name[i], vio_kind[i]);
@@ -1603,6 +1937,10 @@ usage(void)
 		   "                      directory, removed unless a violation is found)\n"
 		   "  --no-fence          debug: leave the tables unprotected by fence_guard\n"
 		   "                      (the check must then report violations)\n"
+		   "  --sabotage=KIND,... debug: break one property for real, so that the\n"
+		   "                      check must report it (repeatable): setval,\n"
+		   "                      delete-history, forge-history, server-log,\n"
+		   "                      superseded, expired, async-commit\n"
 		   "  -d, --dbname=DB     database name or connection string\n"
 		   "  -h, --host=HOST     server host or socket directory\n"
 		   "  -p, --port=PORT     server port\n"
@@ -1645,6 +1983,7 @@ main(int argc, char **argv)
 		{"crash-every", required_argument, NULL, 10},
 		{"nemesis-every", required_argument, NULL, 11},
 		{"help", no_argument, NULL, 12},
+		{"sabotage", required_argument, NULL, 13},
 		{"dbname", required_argument, NULL, 'd'},
 		{"host", required_argument, NULL, 'h'},
 		{"port", required_argument, NULL, 'p'},
@@ -1709,6 +2048,30 @@ main(int argc, char **argv)
 			case 12:
 				usage();
 				exit(0);
+			case 13:
+				{
+					char	   *list = pg_strdup(optarg);
+					char	   *tok;
+					char	   *save = NULL;
+
+					for (tok = strtok_r(list, ",", &save); tok != NULL;
+						 tok = strtok_r(NULL, ",", &save))
+					{
+						int			k;
+
+						for (k = 0; k < (int) lengthof(sabotage_kinds); k++)
+							if (strcmp(tok, sabotage_kinds[k].name) == 0)
+								break;
+						if (k == (int) lengthof(sabotage_kinds))
+						{
+							fprintf(stderr, "dlock-chaos: unknown --sabotage kind \"%s\"\n", tok);
+							exit(2);
+						}
+						sabotage |= sabotage_kinds[k].flag;
+					}
+					pg_free(list);
+				}
+				break;
 			case 'd':
 				dbname = optarg;
 				break;
@@ -1736,6 +2099,12 @@ main(int argc, char **argv)
 		fprintf(stderr, "dlock-chaos: crash-restarts need all of --pgdata, --pg-ctl and --server-log\n");
 		exit(2);
 	}
+	if (((sabotage & S_SERVERLOG) && server_log == NULL) ||
+		((sabotage & S_ASYNC) && pgdata == NULL))
+	{
+		fprintf(stderr, "dlock-chaos: --sabotage=server-log needs --server-log; async-commit needs crash-restarts\n");
+		exit(2);
+	}
 	if (!seed_given)
 		seed = (uint64) time(NULL) ^ ((uint64) getpid() << 16);
 	rng_state = seed;
@@ -1759,8 +2128,9 @@ main(int argc, char **argv)
 	if (server_log != NULL && stat(server_log, &st) == 0)
 		server_log_start = (long) st.st_size;
 
-	printf("dlock-chaos: %d s, %d workers, %d keys, seed " UINT64_FORMAT "%s\n",
-		   duration_s, nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER (debug)" : "");
+	printf("dlock-chaos: %d s, %d workers, %d keys, seed " UINT64_FORMAT "%s%s\n",
+		   duration_s, nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER (debug)" : "",
+		   sabotage ? ", SABOTAGED (debug)" : "");
 	if (pgdata == NULL)
 		printf("dlock-chaos: crash-restarts are off (they need --pgdata, --pg-ctl and --server-log)\n");
 	setup();
@@ -1768,6 +2138,14 @@ main(int argc, char **argv)
 	pqsignal(SIGINT, handle_stop);
 	pqsignal(SIGTERM, handle_stop);
 	pqsignal(SIGHUP, handle_stop);
+	acked_writes = mmap(NULL, sizeof(int64), PROT_READ | PROT_WRITE,
+						MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (acked_writes == MAP_FAILED)
+	{
+		fprintf(stderr, "dlock-chaos: mmap failed: %m\n");
+		exit(2);
+	}
+	*acked_writes = 0;
 	start_us = now_us();
 	end_us = start_us + (int64) duration_s * 1000000;
 	fflush(stdout);

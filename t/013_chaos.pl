@@ -7,18 +7,33 @@
 # the server (immediate stop, SIGKILL of the postmaster or of a backend).
 # At the end it checks from the database and its logs: no lost update, gap
 # or fence out of order in any key's history; no write accepted after its
-# lease's expiry or after a newer grant was acknowledged; every token unique
-# and larger than every token acknowledged before its grant began, across
-# the crashes; every acknowledged commit still there; no unexpected error,
-# PANIC, TRAP or process killed by a signal the nemesis did not send.
+# lease's expiry (by the client's monotonic bound and by the server's own
+# expires_at against the row's written_at) or after a newer grant was
+# acknowledged; every token unique and larger than every token acknowledged
+# before its grant began, across the crashes; every acknowledged commit
+# still there; no row nobody wrote; no unexpected error, PANIC, TRAP or
+# process killed by a signal the nemesis did not send.
 #
 # 1. Two runs of 30 s, one with a fixed seed and one with a random seed
 #    (printed): exit 0, no violation, and counts showing that the faults
 #    really happened (grants, takeovers, accepted writes, refused stale
-#    writes, pauses, SIGSTOPs, backend terminations, crash-restarts).
-# 2. The checker is not vacuous: a 10 s run with --no-fence (the tables
+#    writes, pauses, SIGSTOPs, backend terminations, crash-restarts), and
+#    that accepted writes were checked against the server's expires_at.
+# 2. The checker is not vacuous: a 6 s run with --no-fence (the tables
 #    without the fencing trigger) must exit 1 and report lost updates and
 #    writes accepted after their lease expired.
+# 3. Each check fires: short runs with --sabotage, each breaking one
+#    property for real, must exit 1 with that check's violation:
+#    setval (dlock.fence_seq set back mid-run to its value at the start:
+#    token reissued, token not larger), delete-history + forge-history + server-log (after the run:
+#    an acknowledged write's row deleted, a row nobody wrote inserted, a
+#    segmentation fault appended to the server log: acknowledged write
+#    lost, write in the database that was not accepted, server log),
+#    superseded (a write under an expired lease, fencing bypassed, after
+#    the key was granted again), expired (the same without the new grant:
+#    both the client-side and the server-clock expiry checks), async-commit
+#    (workers with synchronous_commit = off, the server stopped at once
+#    right after an acknowledged commit: acknowledged write lost).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -85,6 +100,8 @@ foreach my $seed (42, $random_seed)
 	}
 	cmp_ok($c->{stale_writes_refused} // 0, '<=', $c->{stale_writes} // 0,
 		"seed $seed: no more stale writes refused than attempted");
+	like($out, qr/checked against the server's expires_at: [1-9]/,
+		"seed $seed: accepted writes checked by the server's clock");
 }
 
 # The server is up and answering after the last crash-restart.
@@ -93,7 +110,7 @@ is($node->safe_psql('postgres', 'SELECT 1'), '1', 'server up after the runs');
 
 # Without the fencing trigger the same workload must be caught.
 my ($rc, $out, $err, $c) = chaos(
-	'--duration' => 10,
+	'--duration' => 6,
 	'--workers' => 8,
 	'--keys' => 2,
 	'--seed' => 7,
@@ -106,6 +123,51 @@ like(
 	$out,
 	qr/violations: (lost update \(duplicate value\)|write accepted under a superseded lease): [1-9]/,
 	'without fencing: lost updates or writes under a superseded lease reported');
+
+# Each check fires when its property is really broken (--sabotage).
+# Worker 0's sabotaged write must not be cut off by the nemesis: at most
+# one SIGSTOP or termination in the run.
+my @quiet = ('--nemesis-every' => 60000);
+my @sabotages = (
+	[
+		'setval', [ '--duration' => 4 ],
+		'token reissued',
+		'token not larger than an earlier acknowledged grant\'s'
+	],
+	[
+		'delete-history,forge-history,server-log',
+		[ '--duration' => 3, '--server-log' => $node->logfile ],
+		'acknowledged write lost',
+		'write in the database that was not accepted',
+		'server log'
+	],
+	[
+		'superseded', [ '--duration' => 3, @quiet ],
+		'write accepted under a superseded lease'
+	],
+	[
+		'expired', [ '--duration' => 3, @quiet ],
+		'write accepted after its lease expired',
+		'write accepted after its lease expired (server clock)'
+	],
+	[
+		'async-commit', [ '--duration' => 4, @crash ],
+		'acknowledged write lost'
+	]);
+foreach my $s (@sabotages)
+{
+	my ($kind, $args, @expect) = @$s;
+	my ($rc, $out, $err, $c) = chaos(
+		'--workers' => 2,
+		'--keys' => 4,
+		'--sabotage' => $kind,
+		@$args);
+	is($rc, 1, "sabotage $kind: dlock-chaos exits 1")
+	  or diag "sabotage $kind:\n$out\n$err";
+	like($out, qr/^dlock-chaos: violations: \Q$_\E: [1-9]/m,
+		"sabotage $kind: \"$_\" reported")
+	  foreach @expect;
+}
 
 $node->stop;
 done_testing();
