@@ -97,9 +97,15 @@ sub error_of
 	return $code // 'none';
 }
 
+# How long statement_timeout and lock_timeout are, and the statement_timeout
+# that backs lock_timeout up where it does not apply: long enough that the
+# test sees the wait begin on a loaded machine.
+my $timeout = 2;
+my $backstop = 4;
+
 # Run $sql in a new session, interrupted by $how: 'statement_timeout'
-# (1 s), 'lock_timeout' (1 s, with a 2.5 s statement_timeout as a backstop)
-# or 'cancel' (once it waits).  Check that it waited (wait_event_type
+# ($timeout), 'lock_timeout' ($timeout, with a $backstop statement_timeout
+# as a backstop) or 'cancel' (once it waits).  Check that it waited (wait_event_type
 # $type: 'Extension' for the latch, 'Lock' for the lock manager), ended
 # with SQLSTATE $code within $late seconds of the moment it was due, and
 # return its session, whose transaction (if $sql opened one) is left for
@@ -108,19 +114,25 @@ sub interrupted
 {
 	my ($what, $how, $sql, $type, $code) = @_;
 	my ($s, $pid) = session();
-	$s->query_safe("SET statement_timeout = '1s'") if $how eq 'statement_timeout';
-	$s->query_safe("SET lock_timeout = '1s'; SET statement_timeout = '2500ms'")
+	$s->query_safe("SET statement_timeout = '${timeout}s'") if $how eq 'statement_timeout';
+	$s->query_safe("SET lock_timeout = '${timeout}s'; SET statement_timeout = '${backstop}s'")
 	  if $how eq 'lock_timeout';
 	my $start = time();
 	$s->query_until(qr/started/, "\\echo started\n$sql;\n\\echo finished\n");
-	ok( $node->poll_query_until('postgres', qq{
-			SELECT wait_event_type IN ('Extension', 'Lock') OR state = 'idle'
-			FROM pg_stat_activity WHERE pid = $pid}),
-		"$what ($how): started waiting");
-	my $seen = $node->safe_psql('postgres',
-		"SELECT coalesce(wait_event_type, state) FROM pg_stat_activity WHERE pid = $pid");
+	# what it waits for, read in the same look that sees it wait (or end)
+	my $seen = '';
+	foreach my $try (1 .. 600)
+	{
+		$seen = $node->safe_psql('postgres', qq{
+			SELECT CASE WHEN state = 'idle' THEN 'ended first'
+						ELSE wait_event_type END
+			FROM pg_stat_activity WHERE pid = $pid});
+		last if $seen =~ /^(Extension|Lock|ended first)$/;
+		usleep(20_000);
+	}
 	is($seen, $type, "$what ($how): waits for " . ($type eq 'Lock' ? 'a lock' : 'its latch'));
-	my $due = $how eq 'cancel' ? time() : $start + ($code eq '55P03' ? 1 : $how eq 'lock_timeout' ? 2.5 : 1);
+	my $due = $how eq 'cancel' ? time()
+	  : $start + ($code eq '55P03' || $how eq 'statement_timeout' ? $timeout : $backstop);
 	$node->safe_psql('postgres', "SELECT pg_cancel_backend($pid)") if $how eq 'cancel';
 	$s->query_until(qr/finished/, '');
 	my $ended = time();
@@ -327,10 +339,10 @@ $head->quit;
 # The head of the line leaves.
 for my $how ('statement_timeout', 'lock_timeout', 'cancel')
 {
-	my $pre = $how eq 'statement_timeout' ? "SET statement_timeout = '1s'"
-	  : $how eq 'lock_timeout' ? "SET lock_timeout = '1s'; SET statement_timeout = '2500ms'" : '';
+	my $pre = $how eq 'statement_timeout' ? "SET statement_timeout = '${timeout}s'"
+	  : $how eq 'lock_timeout' ? "SET lock_timeout = '${timeout}s'; SET statement_timeout = '${backstop}s'" : '';
 	my ($x, $xpid) = queue_up('head', $pre);
-	my $due = time() + ($how eq 'cancel' ? 0 : $how eq 'lock_timeout' ? 2.5 : 1);
+	my $due = time() + ($how eq 'cancel' ? 0 : $how eq 'lock_timeout' ? $backstop : $timeout);
 	my ($y, $ypid) = queue_up('behind');
 	$node->safe_psql('postgres', "SELECT pg_cancel_backend($xpid)") if $how eq 'cancel';
 	$x->query_until(qr/finished/, '');
