@@ -88,11 +88,19 @@ diag("random seed $random_seed, $random_calls calls (rerun with --seed $random_s
 diag(sprintf("both runs took %d s", time - $t0));
 is($rc1, 0, "fixed seed $fixed_seed: dlock-fuzz exits 0");
 like($out1, qr/^crashes: 0, violations: 0$/m, 'fixed seed: 0 crashes, 0 violations');
-like($out1, qr/^SQLSTATE histogram \($fixed_calls calls/m, 'fixed seed: all calls made');
+# A generator step may make more than one call (and which steps run
+# depends on timing: a wait that times out under load), so a run ends with
+# at least the calls asked for, sometimes a few more.
+sub calls_made
+{
+	my ($out) = @_;
+	return $out =~ /^SQLSTATE histogram \((\d+) calls/m ? $1 : 0;
+}
+cmp_ok(calls_made($out1), '>=', $fixed_calls, 'fixed seed: all calls made');
 unlike($out1 . $err1, qr/XX000/, 'fixed seed: no XX000');
 is($rc2, 0, "random seed $random_seed: dlock-fuzz exits 0");
 like($out2, qr/^crashes: 0, violations: 0$/m, 'random seed: 0 crashes, 0 violations');
-like($out2, qr/^SQLSTATE histogram \($random_calls calls/m, 'random seed: all calls made');
+cmp_ok(calls_made($out2), '>=', $random_calls, 'random seed: all calls made');
 ok($out1 =~ /attacks refused: (\d+), stale writes refused: (\d+), writes under the current token accepted: (\d+)/
 	  && $1 > 1000 && $2 > 1000 && $3 > 100,
 	'fixed seed: many attacks and stale writes refused, many good writes accepted');
