@@ -907,7 +907,10 @@ parent_of(pid_t pid)
 	return (pid_t) ppid;
 }
 
-/* Start the server, retrying while the old one's processes linger. */
+/*
+ * Start the server, retrying while the old one's processes linger; say so
+ * and return false if it does not come up within two minutes.
+ */
 static bool
 start_server(void)
 {
@@ -918,7 +921,11 @@ start_server(void)
 		if (run_pg_ctl("-l", server_log, "-w", "-t", "60", "start") == 0)
 			return true;
 		if (now_us() > give_up)
+		{
+			fprintf(stderr, "dlock-chaos: the server did not start again (see %s/pg_ctl.out and %s)\n",
+					logdir, server_log);
 			return false;
+		}
 		sleep_until(now_us() + 500000);
 	}
 }
@@ -1011,13 +1018,7 @@ crash_restart(PGconn **nconn)
 		*nconn = NULL;
 	}
 	sleep_until(now_us() + rnd_range(0, 1000000));
-	if (!start_server())
-	{
-		fprintf(stderr, "dlock-chaos: the server did not start again (see %s/pg_ctl.out and %s)\n",
-				logdir, server_log);
-		return false;
-	}
-	return true;
+	return start_server();
 }
 
 /*
@@ -1053,13 +1054,7 @@ crash_after_ack(PGconn **nconn)
 		PQfinish(*nconn);
 		*nconn = NULL;
 	}
-	if (!start_server())
-	{
-		fprintf(stderr, "dlock-chaos: the server did not start again (see %s/pg_ctl.out and %s)\n",
-				logdir, server_log);
-		return false;
-	}
-	return true;
+	return start_server();
 }
 
 /*
@@ -1122,8 +1117,6 @@ nemesis(void)
 			sleep_until(now_us() + 200000);
 			if (postmaster_pid() == 0 && !start_server())
 			{
-				fprintf(stderr, "dlock-chaos: the server did not start again (see %s/pg_ctl.out and %s)\n",
-						logdir, server_log);
 				ok = false;
 				break;
 			}
