@@ -37,7 +37,14 @@
  *
  * Durability.  A grant or renewal forces its transaction's commit to be
  * synchronous, so a lease that was returned survives a crash.  A token is
- * made durable before it is returned, committed or not.
+ * made durable before it is returned, committed or not.  A release is the
+ * opposite: when it is all its transaction wrote, the commit is made
+ * asynchronous, saving a WAL flush per lock cycle.  Losing a release in a
+ * crash only keeps the key held by its owner until the lease expires, as
+ * if the release had not been called; and any later grant of the key
+ * commits synchronously after it in the WAL, so it flushes the release
+ * too.  A transaction that wrote anything else keeps its own setting: a
+ * release never weakens the durability of the caller's writes.
  *
  *-------------------------------------------------------------------------
  */
@@ -117,6 +124,14 @@ typedef struct Section
 	int			sec_context;
 	int			nestlevel;
 } Section;
+
+/*
+ * The transaction whose only writes so far are releases, and the end of its
+ * WAL after the last one (see dlock_storage_set_end and
+ * storage_xact_callback).
+ */
+static LocalTransactionId release_only_lxid = InvalidLocalTransactionId;
+static XLogRecPtr release_only_end = InvalidXLogRecPtr;
 
 /* The per-transaction view of verified keys (see DlockKeyState). */
 static HTAB *key_states = NULL;
@@ -327,6 +342,7 @@ static void storage_subxact_callback(SubXactEvent event,
 									 SubTransactionId mySubid,
 									 SubTransactionId parentSubid,
 									 void *arg);
+static void storage_xact_callback(XactEvent event, void *arg);
 
 void
 dlock_storage_init(void)
@@ -335,6 +351,7 @@ dlock_storage_init(void)
 	CacheRegisterSyscacheCallback(NAMESPACEOID, storage_syscache_callback,
 								  (Datum) 0);
 	RegisterSubXactCallback(storage_subxact_callback, NULL);
+	RegisterXactCallback(storage_xact_callback, NULL);
 }
 
 /*
@@ -788,10 +805,10 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 /*
  * Set the end of key's lease to end, keeping its owner (a renewal, whose
  * commit will then be synchronous) or clearing it (a release, whose commit
- * may be asynchronous: losing it in a crash only delays the key's
- * availability until the lease expires).  The caller holds the key's owner
- * op lock (and its ending lock, for a release or an earlier end) and has
- * checked the owner.
+ * is asynchronous when the transaction writes nothing else: losing it in a
+ * crash only delays the key's availability until the lease expires).  The
+ * caller holds the key's owner op lock (and its ending lock, for a release
+ * or an earlier end) and has checked the owner.
  */
 void
 dlock_storage_set_end(text *key, TimestampTz end, bool release)
@@ -805,8 +822,14 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 	Datum		values[Natts_leases] = {0};
 	bool		nulls[Natts_leases] = {0};
 	bool		replace[Natts_leases] = {0};
+	bool		release_only;
 
 	rel = open_for_change(&s);
+	/* nothing but releases written so far: no xid, or only our releases */
+	release_only = release &&
+		(!TransactionIdIsValid(GetTopTransactionIdIfAny()) ||
+		 (release_only_lxid == MyProc->lxid &&
+		  XactLastRecEnd == release_only_end));
 	old = fetch_row(rel, k, len);
 	if (old == NULL)
 		elog(ERROR, "dlock: lease row of a held key vanished");
@@ -827,6 +850,10 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 	forget_verified(k, len);
 	if (!release)
 		force_synchronous_commit();
+
+	/* remember where the WAL of a release-only transaction ends */
+	release_only_lxid = release_only ? MyProc->lxid : InvalidLocalTransactionId;
+	release_only_end = XactLastRecEnd;
 }
 
 /*
@@ -991,4 +1018,28 @@ storage_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	hash_seq_init(&status, key_states);
 	while ((st = hash_seq_search(&status)) != NULL)
 		st->verified = false;
+}
+
+/*
+ * At commit, a transaction that wrote nothing but releases commits
+ * asynchronously (see Durability above).  "Nothing but" means: it had no
+ * transaction id before its first release, and its WAL has not grown since
+ * its last one.  Every durable change to a table or a sequence takes a
+ * transaction id and writes WAL, so any other write keeps the caller's own
+ * setting; a grant or renewal in the same transaction forces a synchronous
+ * commit anyway.  Set like SET LOCAL: the session's value comes back after
+ * the commit.
+ */
+static void
+storage_xact_callback(XactEvent event, void *arg)
+{
+	if (event != XACT_EVENT_PRE_COMMIT ||
+		release_only_lxid != MyProc->lxid)
+		return;
+	release_only_lxid = InvalidLocalTransactionId;
+	if (XactLastRecEnd == release_only_end &&
+		synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
+		(void) set_config_option("synchronous_commit", "off",
+								 PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_LOCAL, true, 0, false);
 }

@@ -10,6 +10,11 @@
 # transaction was still open when the server went down (part 3: more than
 # the 32 values a sequence logs ahead, so the token sequence has to write a
 # new WAL record inside a transaction that never commits).
+#
+# Part 4 is the other side: a release that is all its transaction wrote
+# commits asynchronously, so a crash can undo it (the key then stays held by
+# its owner, never free for anyone else), while a release in a transaction
+# that also wrote a table keeps that transaction synchronous.
 
 use strict;
 use warnings;
@@ -21,9 +26,12 @@ use Test::More;
 my $node = PostgreSQL::Test::Cluster->new('crash');
 $node->init;
 # Cluster.pm turns fsync off; this test is about durability.  The WAL
-# writer is kept from writing WAL in the background for up to 10 s, so that
-# what a crash keeps is what the backends flushed themselves.
-$node->append_conf('postgresql.conf', "fsync = on\nwal_writer_delay = 10s\n");
+# writer is kept from writing WAL in the background for up to 10 s, and
+# autovacuum from committing anything, so that what a crash keeps is what
+# the test's backends flushed themselves.  Part 4 crashes the server by
+# killing one of its processes, after which the postmaster restarts it.
+$node->append_conf('postgresql.conf',
+	"fsync = on\nwal_writer_delay = 10s\nautovacuum = off\nrestart_after_crash = on\n");
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
@@ -210,6 +218,82 @@ cmp_ok($new, '>', $max_seen,
 	'after the third crash, a new token is greater than every token seen');
 
 is(lost_leases(\%many), '', 'the 100 leases survived the third crash');
+
+#
+# Part 4: releases, with synchronous_commit = on in the session.  The WAL
+# writer is stopped (SIGSTOP) so that it cannot flush an asynchronous
+# commit behind the test's back; then it is killed with SIGKILL, which makes
+# the postmaster crash-restart the whole server.
+#
+$node->safe_psql('postgres', 'CREATE TABLE audit (k text)');
+my %rel;
+foreach my $key (qw(rel_alone rel_then_write write_then_rel))
+{
+	($rel{$key}) = split /\|/,
+	  $node->safe_psql('postgres',
+		"SELECT owner, fence FROM dlock.try_acquire('$key', '1 hour')");
+}
+my $walwriter = $node->safe_psql('postgres',
+	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'});
+like($walwriter, qr/^\d+$/, 'found the WAL writer');
+kill 'STOP', $walwriter;
+
+# a release followed by a write, and a write followed by a release: both
+# transactions commit synchronously, as the session asks
+$node->safe_psql(
+	'postgres', qq{
+	BEGIN;
+	SELECT dlock.release('rel_then_write', '$rel{rel_then_write}');
+	INSERT INTO audit VALUES ('rel_then_write');
+	COMMIT;
+	BEGIN;
+	INSERT INTO audit VALUES ('write_then_rel');
+	SELECT dlock.release('write_then_rel', '$rel{write_then_rel}');
+	COMMIT;});
+is( $node->safe_psql(
+		'postgres',
+		'SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()'),
+	't',
+	'a release in a transaction that also wrote a table committed synchronously'
+);
+
+# a release alone: its commit is not flushed
+is( $node->safe_psql(
+		'postgres', qq{
+		SELECT dlock.release('rel_alone', '$rel{rel_alone}');
+		SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()}),
+	"t\nt",
+	'a release that is all its transaction wrote committed asynchronously');
+# a session reading it sees it released: the key is free for a grant, which
+# would flush the release along with itself (not done here)
+is( $node->safe_psql(
+		'postgres', q{SELECT owner IS NULL FROM dlock.leases WHERE key = 'rel_alone'}),
+	't',
+	'the asynchronous release is visible before the crash');
+
+kill 'KILL', $walwriter;
+$node->poll_query_until('postgres', 'SELECT 1', '1')
+  or die 'the server did not come back after the WAL writer was killed';
+
+is( $node->safe_psql(
+		'postgres', "SELECT dlock.renew('rel_alone', '$rel{rel_alone}', '1 hour') IS NOT NULL"),
+	't',
+	'the crash undid the asynchronous release: its owner still holds the lease'
+);
+is( $node->safe_psql(
+		'postgres', q{SELECT count(*) FROM dlock.try_acquire('rel_alone', '1 hour')}),
+	'0',
+	'and nobody else can acquire the key');
+is( $node->safe_psql(
+		'postgres', q{SELECT string_agg(k, ' ' ORDER BY k) FROM audit}),
+	'rel_then_write write_then_rel',
+	'the writes committed with a release survived the crash');
+is( $node->safe_psql(
+		'postgres',
+		q{SELECT count(*) FROM unnest(ARRAY['rel_then_write', 'write_then_rel']) AS k,
+		  LATERAL dlock.try_acquire(k, '1 hour') AS l}),
+	'2',
+	'and so did their releases: both keys are free');
 
 $node->stop;
 done_testing();
