@@ -114,13 +114,13 @@ static LocalTransactionId touched_lxid = InvalidLocalTransactionId;
 
 /*
  * The 64-bit hash that names key in every lock space: the first 8 bytes of
- * its SHA-256.  A fast hash would do for spreading keys, but not against a
+ * its SHA-256 (key_hash below caches it).  A fast hash would do for spreading keys, but not against a
  * role that computes a key whose lock collides with a holder's (the key
  * lock is shared then: its transactions could hold the holder up).  For
  * SHA-256 that is a second preimage of 64 bits: about 2^64 tries.
  */
 static uint64
-key_hash(const char *key, int len)
+sha256_key_hash(const char *key, int len)
 {
 	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
 	uint8		digest[PG_SHA256_DIGEST_LENGTH];
@@ -137,6 +137,33 @@ key_hash(const char *key, int len)
 	pg_cryptohash_free(ctx);
 	memcpy(&h, digest, sizeof(h));
 	return h;
+}
+
+/*
+ * The hash of the last key hashed, kept for the backend: one call on a key
+ * hashes it several times (its lock, its waiters, the wake-ups at the end
+ * of the transaction), and starting a SHA-256 costs more than a key
+ * lookup.  A pure function of the key, so the cache is never stale.
+ */
+static char last_key[DLOCK_MAX_KEY_BYTES];
+static int	last_len = -1;
+static uint64 last_hash;
+
+/* The 64-bit hash of key (sha256_key_hash), from the cache when it can. */
+static uint64
+key_hash(const char *key, int len)
+{
+	if (len == last_len && memcmp(key, last_key, len) == 0)
+		return last_hash;
+	last_hash = sha256_key_hash(key, len);
+	if (len <= DLOCK_MAX_KEY_BYTES)
+	{
+		memcpy(last_key, key, len);
+		last_len = len;
+	}
+	else
+		last_len = -1;
+	return last_hash;
 }
 
 /* Fill *tag with the lock tag of hash h in lock space space. */
