@@ -32,6 +32,21 @@ SELECT sku, qty, fence = :a_fence AS stamped_with_a FROM stock ORDER BY sku;
 UPDATE stock SET qty = qty + 1 WHERE sku = 'apple';
 \echo :LAST_ERROR_SQLSTATE
 
+-- One statement in autocommit: use_fence joined into the write runs before
+-- the row reaches the trigger.  A stale token in that form is refused.
+UPDATE stock SET qty = qty + 1
+FROM (SELECT dlock.use_fence('stock-sync:warehouse-42', :a_fence)) AS f
+WHERE sku = 'apple';
+SELECT qty FROM stock WHERE sku = 'apple';
+UPDATE stock SET qty = qty - 1
+FROM (SELECT dlock.use_fence('stock-sync:warehouse-42', :a_fence - 1)) AS f
+WHERE sku = 'apple';
+\echo :LAST_ERROR_SQLSTATE
+UPDATE stock SET qty = qty - 1
+FROM (SELECT dlock.use_fence('stock-sync:warehouse-42', :a_fence)) AS f
+WHERE sku = 'apple';
+SELECT qty FROM stock WHERE sku = 'apple';
+
 -- An INSERT that supplies the token column presents it.
 INSERT INTO stock VALUES (42, 'plum', 7, :a_fence);
 -- An UPDATE presents it only when its SET list assigns the column a token
