@@ -55,6 +55,9 @@ int			dlock_stats_max = 5000;
 /* dlock.log_events: a LOG line per grant, takeover, expiry, release, refusal */
 bool		dlock_log_events = false;
 
+/* dlock.async_release: release-only transactions commit asynchronously */
+bool		dlock_async_release = true;
+
 void		_PG_init(void);
 
 /*
@@ -209,6 +212,17 @@ _PG_init(void)
 							NULL,
 							NULL,
 							NULL);
+
+	DefineCustomBoolVariable("dlock.async_release",
+							 gettext_noop("Lets a transaction that wrote nothing but releases commit asynchronously."),
+							 gettext_noop("Losing such a release in a crash keeps the key held by its owner until the lease expires.  Off: releases commit as synchronous_commit says."),
+							 &dlock_async_release,
+							 true,
+							 PGC_USERSET,
+							 0,
+							 NULL,
+							 NULL,
+							 NULL);
 
 	DefineCustomBoolVariable("dlock.log_events",
 							 gettext_noop("Logs a line per grant, takeover, noticed expiry, release and refused stale write."),

@@ -102,6 +102,7 @@ extern bool dlock_fence_bypass;
 extern int	dlock_max_hold_ms;
 extern int	dlock_stats_max;
 extern bool dlock_log_events;
+extern bool dlock_async_release;
 extern void dlock_settings_check(void);
 
 /* lease.c */

@@ -1022,13 +1022,15 @@ storage_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 /*
  * At commit, a transaction that wrote nothing but releases commits
- * asynchronously (see Durability above).  "Nothing but" means: it had no
- * transaction id before its first release, and its WAL has not grown since
- * its last one.  Every durable change to a table or a sequence takes a
- * transaction id and writes WAL, so any other write keeps the caller's own
+ * asynchronously (see Durability above), unless dlock.async_release is
+ * off.  "Nothing but" means: it had no transaction id before its first
+ * release, and its WAL has not grown since its last one.  Every change to a
+ * table takes a transaction id and writes WAL, so it keeps the caller's own
  * setting; a grant or renewal in the same transaction forces a synchronous
- * commit anyway.  Set like SET LOCAL: the session's value comes back after
- * the commit.
+ * commit anyway.  What leaves no trace is what PostgreSQL never makes
+ * durable in a transaction without writes either: a nextval served from the
+ * values a sequence logged ahead, a NOTIFY (README).  Set like SET LOCAL:
+ * the session's value comes back after the commit.
  */
 static void
 storage_xact_callback(XactEvent event, void *arg)
@@ -1037,7 +1039,7 @@ storage_xact_callback(XactEvent event, void *arg)
 		release_only_lxid != MyProc->lxid)
 		return;
 	release_only_lxid = InvalidLocalTransactionId;
-	if (XactLastRecEnd == release_only_end &&
+	if (dlock_async_release && XactLastRecEnd == release_only_end &&
 		synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
 		(void) set_config_option("synchronous_commit", "off",
 								 PGC_USERSET, PGC_S_SESSION,

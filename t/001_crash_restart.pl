@@ -221,22 +221,26 @@ is(lost_leases(\%many), '', 'the 100 leases survived the third crash');
 
 #
 # Part 4: releases, with synchronous_commit = on in the session.  The WAL
-# writer is stopped (SIGSTOP) so that it cannot flush an asynchronous
-# commit behind the test's back; then it is killed with SIGKILL, which makes
-# the postmaster crash-restart the whole server.
+# writer and the background writer are stopped (SIGSTOP): the first would
+# flush an asynchronous commit behind the test's back, the second may write
+# WAL of its own (a running-transactions record) that makes a flushed
+# commit look unflushed.  Then both are killed with SIGKILL, which makes the
+# postmaster crash-restart the whole server.
 #
 $node->safe_psql('postgres', 'CREATE TABLE audit (k text)');
 my %rel;
-foreach my $key (qw(rel_alone rel_then_write write_then_rel))
+foreach my $key (qw(rel_alone rel_then_write write_then_rel rel_guc))
 {
 	($rel{$key}) = split /\|/,
 	  $node->safe_psql('postgres',
 		"SELECT owner, fence FROM dlock.try_acquire('$key', '1 hour')");
 }
-my $walwriter = $node->safe_psql('postgres',
-	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'});
-like($walwriter, qr/^\d+$/, 'found the WAL writer');
-kill 'STOP', $walwriter;
+my @writers = split /\n/,
+  $node->safe_psql('postgres',
+	q{SELECT pid FROM pg_stat_activity
+	  WHERE backend_type IN ('walwriter', 'background writer')});
+is(scalar(grep { /^\d+$/ } @writers), 2, 'found the WAL writer and the background writer');
+kill 'STOP', @writers;
 
 # a release followed by a write, and a write followed by a release: both
 # transactions commit synchronously, as the session asks
@@ -257,6 +261,15 @@ is( $node->safe_psql(
 	'a release in a transaction that also wrote a table committed synchronously'
 );
 
+# dlock.async_release = off: a release alone commits as the session says
+is( $node->safe_psql(
+		'postgres', qq{
+		SET dlock.async_release = off;
+		SELECT dlock.release('rel_guc', '$rel{rel_guc}');
+		SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()}),
+	"t\nt",
+	'with dlock.async_release off, a release alone committed synchronously');
+
 # a release alone: its commit is not flushed
 is( $node->safe_psql(
 		'postgres', qq{
@@ -271,9 +284,9 @@ is( $node->safe_psql(
 	't',
 	'the asynchronous release is visible before the crash');
 
-kill 'KILL', $walwriter;
+kill 'KILL', @writers;
 $node->poll_query_until('postgres', 'SELECT 1', '1')
-  or die 'the server did not come back after the WAL writer was killed';
+  or die 'the server did not come back after its writers were killed';
 
 is( $node->safe_psql(
 		'postgres', "SELECT dlock.renew('rel_alone', '$rel{rel_alone}', '1 hour') IS NOT NULL"),
@@ -294,6 +307,10 @@ is( $node->safe_psql(
 		  LATERAL dlock.try_acquire(k, '1 hour') AS l}),
 	'2',
 	'and so did their releases: both keys are free');
+is( $node->safe_psql(
+		'postgres', q{SELECT count(*) FROM dlock.try_acquire('rel_guc', '1 hour')}),
+	'1',
+	'the release made with dlock.async_release off survived the crash');
 
 $node->stop;
 done_testing();
