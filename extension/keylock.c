@@ -114,10 +114,11 @@ static LocalTransactionId touched_lxid = InvalidLocalTransactionId;
 
 /*
  * The 64-bit hash that names key in every lock space: the first 8 bytes of
- * its SHA-256 (key_hash below caches it).  A fast hash would do for spreading keys, but not against a
- * role that computes a key whose lock collides with a holder's (the key
- * lock is shared then: its transactions could hold the holder up).  For
- * SHA-256 that is a second preimage of 64 bits: about 2^64 tries.
+ * its SHA-256 (key_hash below caches it).  A fast hash would do for
+ * spreading keys, but not against a role that computes a key whose lock
+ * collides with a holder's (the key lock is shared then: its transactions
+ * could hold the holder up).  For SHA-256 that is a second preimage of 64
+ * bits: about 2^64 tries.
  */
 static uint64
 sha256_key_hash(const char *key, int len)

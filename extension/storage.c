@@ -44,7 +44,8 @@
  * if the release had not been called; and any later grant of the key
  * commits synchronously after it in the WAL, so it flushes the release
  * too.  A transaction that wrote anything else keeps its own setting: a
- * release never weakens the durability of the caller's writes.
+ * release never weakens the durability of the caller's table writes.
+ * dlock.async_release = off turns this off (storage_xact_callback).
  *
  *-------------------------------------------------------------------------
  */
