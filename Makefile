@@ -10,14 +10,16 @@ OBJS = \
 	extension/fence.o \
 	extension/keylock.o \
 	extension/lease.o \
+	extension/memstore.o \
 	extension/shmem.o \
 	extension/storage.o \
 	extension/trigger.o
 
 EXTENSION = dlock
 DATA = extension/dlock--0.1.sql extension/dlock--0.2.sql \
-	extension/dlock--0.3.sql \
-	extension/dlock--0.1--0.2.sql extension/dlock--0.2--0.3.sql
+	extension/dlock--0.3.sql extension/dlock--0.4.sql \
+	extension/dlock--0.1--0.2.sql extension/dlock--0.2--0.3.sql \
+	extension/dlock--0.3--0.4.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
 REGRESS = lease_api lease_errors fence_trigger trust operate

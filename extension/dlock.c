@@ -252,12 +252,47 @@ _PG_init(void)
 								NULL);
 	}
 
+	/* a postmaster setting can only be defined while preloading */
+	if (process_shared_preload_libraries_in_progress)
+	{
+		static const struct config_enum_entry storage_options[] = {
+			{"table", DLOCK_STORAGE_TABLE, false},
+			{"memory", DLOCK_STORAGE_MEMORY, false},
+			{NULL, 0, false}
+		};
+
+		DefineCustomEnumVariable("dlock.storage",
+								 gettext_noop("Where leases are kept: in the table dlock.leases, or in shared memory."),
+								 gettext_noop("In memory, a grant writes no row and commits without a WAL flush; after every restart, crash or promotion each key stays held until the longest lease granted before could have ended."),
+								 &dlock_storage_mode,
+								 DLOCK_STORAGE_TABLE,
+								 storage_options,
+								 PGC_POSTMASTER,
+								 0,
+								 NULL,
+								 NULL,
+								 NULL);
+		DefineCustomIntVariable("dlock.memory_max_keys",
+								gettext_noop("Keys whose leases shared memory can hold, with dlock.storage = memory."),
+								gettext_noop("Each takes about 2 kB; a grant of a new key fails when they are all in use, until dlock.prune() frees some."),
+								&dlock_memory_max_keys,
+								10000,
+								100,
+								INT_MAX / 4096,
+								PGC_POSTMASTER,
+								0,
+								NULL,
+								NULL,
+								NULL);
+	}
+
 	MarkGUCPrefixReserved("dlock");
 
 	if (process_shared_preload_libraries_in_progress)
 	{
 		settings_applied = true;	/* defined before any connection */
 		dlock_shmem_init();
+		dlock_memstore_init();
 	}
 	else
 		RegisterXactCallback(settings_xact_callback, NULL);

@@ -20,6 +20,9 @@
  *		The key locks, named by intent, with the conflict matrix; waiters
  *		and the wake-ups that follow every release of a key lock; the mark
  *		that keeps a connection's session-bound leases alive.
+ *	memstore.c
+ *		The leases themselves in shared memory instead of dlock.leases, with
+ *		dlock.storage = memory (storage.c calls it, and keeps the horizon).
  *	shmem.c
  *		What lives in shared memory when the module is preloaded: the
  *		counters behind dlock.stats (kept across clean restarts), the
@@ -30,6 +33,7 @@
 #ifndef DLOCK_H
 #define DLOCK_H
 
+#include "access/xact.h"
 #include "datatype/timestamp.h"
 #include "fmgr.h"
 #include "nodes/pg_list.h"
@@ -173,6 +177,25 @@ typedef struct DlockLeaseRow
 	text	   *application_name;	/* NULL when unknown */
 } DlockLeaseRow;
 extern List *dlock_storage_scan(void);
+
+/* memstore.c */
+#define DLOCK_STORAGE_TABLE		0
+#define DLOCK_STORAGE_MEMORY	1
+extern int	dlock_storage_mode;
+extern int	dlock_memory_max_keys;
+extern bool dlock_memory_mode(void);
+extern void dlock_memstore_init(void);
+extern void dlock_mem_read(const char *key, int len, DlockLease *lease);
+extern void dlock_mem_write(const char *key, int len, const DlockLease *lease,
+							bool meta, const text *holder);
+extern List *dlock_mem_scan(void);
+extern bool dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff);
+extern void dlock_mem_xact_callback(XactEvent event);
+extern void dlock_mem_subxact_abort(SubTransactionId subid);
+extern bool dlock_mem_db_get(Oid seq, TimestampTz *barrier,
+							 TimestampTz *horizon, pg_uuid_t *unknown_owner);
+extern void dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon);
+extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon);
 
 /* shmem.c */
 typedef enum DlockEvent

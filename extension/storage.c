@@ -75,6 +75,7 @@
 #include "storage/proc.h"
 #include "storage/procarray.h"
 #include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
@@ -113,6 +114,7 @@ typedef struct StorageIds
 	bool		valid;
 	Oid			leases;			/* dlock.leases */
 	Oid			seq;			/* dlock.fence_seq */
+	Oid			horizon;		/* dlock.horizon_seq (0.4), or InvalidOid */
 	Oid			owner;			/* owner of dlock.leases */
 } StorageIds;
 
@@ -138,6 +140,16 @@ static XLogRecPtr release_only_end = InvalidXLogRecPtr;
 static HTAB *key_states = NULL;
 static LocalTransactionId key_states_lxid = InvalidLocalTransactionId;
 
+/* Table mode: this backend has seen the horizon pass (see read_barrier). */
+static bool table_barrier_passed = false;
+
+/*
+ * How far past the end of a lease the horizon is set when a lease outgrows
+ * it: one durable write of the horizon covers the grants of the next ten
+ * seconds.
+ */
+#define DLOCK_HORIZON_AHEAD		(10 * USECS_PER_SEC)
+
 /*
  * Forget the cached OIDs, and what this transaction verified against the
  * storage they name: the next lookup and the next write check again.
@@ -146,6 +158,7 @@ static void
 forget_storage(void)
 {
 	ids.valid = false;
+	table_barrier_passed = false;
 	if (key_states != NULL && MyProc != NULL &&
 		key_states_lxid == MyProc->lxid)
 	{
@@ -282,6 +295,8 @@ find_storage(void)
 			found.leases = dep->objid;
 		else if (relkind == RELKIND_SEQUENCE && strcmp(relname, "fence_seq") == 0)
 			found.seq = dep->objid;
+		else if (relkind == RELKIND_SEQUENCE && strcmp(relname, "horizon_seq") == 0)
+			found.horizon = dep->objid;
 	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
@@ -489,9 +504,143 @@ row_to_lease(Relation rel, HeapTuple tup, DlockLease *lease)
 }
 
 /*
+ * The horizon: a time that no lease granted in memory mode outlives (lock
+ * delay included), kept in dlock.horizon_seq; 0 when it was never set or
+ * the extension predates it.  Read as the storage's owner.
+ */
+static TimestampTz
+read_horizon(void)
+{
+	LOCAL_FCINFO(fcinfo, 1);
+	Section		s;
+	Datum		d;
+
+	if (!OidIsValid(ids.horizon))
+		return 0;
+	section_begin(&s);
+	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = ObjectIdGetDatum(ids.horizon);
+	fcinfo->args[0].isnull = false;
+	d = pg_sequence_last_value(fcinfo);
+	section_end(&s);
+	return fcinfo->isnull ? 0 : DatumGetInt64(d);
+}
+
+/*
+ * The latest end (plus lock delay) of a lease held in dlock.leases: what a
+ * switch from table mode to memory mode must wait out.
+ */
+static TimestampTz
+table_max_end(void)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	TimestampTz latest = 0;
+
+	rel = open_leases(AccessShareLock);
+	scan = systable_beginscan(rel, InvalidOid, false, SnapshotSelf, 0, NULL);
+	while (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		DlockLease	lease;
+
+		row_to_lease(rel, tup, &lease);
+		if (lease.held)
+			latest = Max(latest, lease.expires_at + lease.lock_delay);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return latest;
+}
+
+/*
+ * Fill *lease with the lease that every key has until the barrier: held
+ * by an owner nobody knows (a random token), ending at until, with no
+ * token anyone was given.
+ */
+static void
+unknown_lease(DlockLease *lease, TimestampTz until, const pg_uuid_t *owner)
+{
+	memset(lease, 0, sizeof(DlockLease));
+	lease->found = true;
+	lease->held = true;
+	lease->owner = *owner;
+	lease->expires_at = until;
+	lease->granted_at = until;
+	lease->hold_limit = DT_NOEND;
+}
+
+/*
+ * Memory mode: this database's barrier, horizon and unknown owner (see
+ * memstore.c).  The first call after memory was set up (a start, a crash
+ * restart, a promotion) reads the barrier: the horizon, or the end of the
+ * latest lease in dlock.leases after a switch from table mode if later.
+ * A standby's horizon moves with replay, so there it is read every time.
+ */
+static void
+memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown)
+{
+	TimestampTz h;
+	TimestampTz b;
+
+	if (dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
+		return;
+	if (!OidIsValid(ids.horizon))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dlock.storage = memory needs version 0.4 of extension dlock"),
+				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
+	h = read_horizon();
+	b = Max(h, table_max_end());
+	if (RecoveryInProgress())
+	{
+		*barrier = b;
+		*horizon = h;
+		memset(unknown, 0, sizeof(pg_uuid_t));
+		return;
+	}
+	dlock_mem_db_set(ids.seq, b, h);
+	if (!dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
+		elog(ERROR, "dlock: the memory state of the database vanished");
+}
+
+/*
+ * Table mode after a switch back from memory mode: until the horizon has
+ * passed, a key without a live lease row is held by an unknown owner.
+ * Each backend reads the horizon until it has seen it pass (it only moves
+ * in memory mode, which needs a restart).
+ */
+static void
+table_barrier(DlockLease *lease)
+{
+	static pg_uuid_t unknown;
+	static bool have_unknown = false;
+	TimestampTz h = read_horizon();
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (now >= h)
+	{
+		table_barrier_passed = true;
+		return;
+	}
+	if (dlock_lease_is_live(lease, now))
+		return;
+	if (!have_unknown)
+	{
+		if (!pg_strong_random(unknown.data, UUID_LEN))
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+					 errmsg("could not generate a random owner token")));
+		have_unknown = true;
+	}
+	unknown_lease(lease, h, &unknown);
+}
+
+/*
  * Read the current state of key into *lease, with a fresh snapshot.  No
  * lock of any key is needed or taken; the caller decides which one makes
- * the answer stable.
+ * the answer stable.  Before the barrier (memory_state, table_barrier)
+ * every key reads as held by an unknown owner.
  */
 void
 dlock_read_lease(const char *key, int len, DlockLease *lease)
@@ -499,12 +648,29 @@ dlock_read_lease(const char *key, int len, DlockLease *lease)
 	Relation	rel;
 	HeapTuple	tup;
 
+	if (dlock_memory_mode())
+	{
+		TimestampTz barrier;
+		TimestampTz horizon;
+		pg_uuid_t	unknown;
+
+		storage_ids();
+		memory_state(&barrier, &horizon, &unknown);
+		if (barrier != 0 && GetCurrentTimestamp() < barrier)
+			unknown_lease(lease, barrier, &unknown);
+		else
+			dlock_mem_read(key, len, lease);
+		return;
+	}
+
 	rel = open_leases(AccessShareLock);
 	tup = fetch_row(rel, key, len);
 	row_to_lease(rel, tup, lease);
 	if (tup)
 		heap_freetuple(tup);
 	table_close(rel, AccessShareLock);
+	if (!table_barrier_passed)
+		table_barrier(lease);
 }
 
 /*
@@ -561,6 +727,19 @@ dlock_check_writable(void)
 }
 
 /*
+ * Raise synchronous_commit for the rest of the transaction, like SET
+ * LOCAL, so that the waits below include the synchronous standbys.
+ */
+static void
+raise_synchronous_commit(void)
+{
+	if (synchronous_commit < SYNCHRONOUS_COMMIT_ON)
+		(void) set_config_option("synchronous_commit", "on",
+								 PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_LOCAL, true, 0, false);
+}
+
+/*
  * Make sure this transaction commits synchronously: a grant or renewal
  * must survive a crash once the caller has seen it.  Set for the
  * transaction only, like SET LOCAL; the session's setting comes back
@@ -572,28 +751,26 @@ force_synchronous_commit(void)
 	/* the local flush, even if a function's SET clause reverts the setting */
 	ForceSyncCommit();
 	/* ... and, through the setting, the wait for synchronous standbys */
-	if (synchronous_commit < SYNCHRONOUS_COMMIT_ON)
-		(void) set_config_option("synchronous_commit", "on",
-								 PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_LOCAL, true, 0, false);
+	raise_synchronous_commit();
 }
 
 /*
- * Make the fencing token just drawn safe to show, before the caller can
- * see it: after a crash or a failover the sequence must not hand the same
- * number out again, even if this transaction never commits (a rollback, a
- * crash before commit, a client that used the token before its commit).
+ * Make the latest value of sequence seqid durable, before the caller can
+ * see it: after a crash or a failover the sequence must not go back behind
+ * it, even if this transaction never commits (a rollback, a crash before
+ * commit, a client that used the value before its commit).  token says
+ * whether the value is a fencing token (else the horizon), for messages.
  *
  * A sequence logs ahead (one WAL record every 32 values), so the record
- * covering our token is at or before the LSN of the sequence's page.  That
+ * covering our value is at or before the LSN of the sequence's page.  That
  * is usually flushed already and this costs a buffer read; otherwise we
  * flush it and, with synchronous standbys, wait for them to have it.
- * Call with synchronous_commit already raised (force_synchronous_commit).
+ * Call with synchronous_commit already raised (raise_synchronous_commit).
  */
 static void
-secure_drawn_fence(void)
+secure_sequence(Oid seqid, bool token)
 {
-	Relation	seq = relation_open(ids.seq, AccessShareLock);	/* locked by nextval */
+	Relation	seq = relation_open(seqid, AccessShareLock);	/* locked by nextval */
 	Buffer		buf = ReadBuffer(seq, 0);
 	XLogRecPtr	lsn;
 	bool		interrupted;
@@ -612,7 +789,7 @@ secure_drawn_fence(void)
 	 * for cancel and termination itself, and then ends the wait early with
 	 * only a warning.  Anything that interrupted it is still pending
 	 * afterwards (we processed everything pending before), so that is how
-	 * we tell a confirmed token from an unconfirmed one.
+	 * we tell a confirmed value from an unconfirmed one.
 	 */
 	CHECK_FOR_INTERRUPTS();
 	HOLD_INTERRUPTS();
@@ -622,9 +799,56 @@ secure_drawn_fence(void)
 	if (interrupted)
 		ereport(ERROR,
 				(errcode(ERRCODE_QUERY_CANCELED),
-				 errmsg("fencing token not confirmed by the synchronous standbys"),
-				 errdetail("The wait for synchronous replication was interrupted before the standbys confirmed the token's WAL; the grant is rolled back and the token is never used."),
+				 token ?
+				 errmsg("fencing token not confirmed by the synchronous standbys") :
+				 errmsg("lease horizon not confirmed by the synchronous standbys"),
+				 token ?
+				 errdetail("The wait for synchronous replication was interrupted before the standbys confirmed the token's WAL; the grant is rolled back and the token is never used.") :
+				 errdetail("The wait for synchronous replication was interrupted before the standbys confirmed how long leases may last; the grant or renewal is rolled back."),
 				 errhint("Try again; check that the synchronous standbys are connected.")));
+}
+
+/* Make the fencing token just drawn safe to show (secure_sequence). */
+static void
+secure_drawn_fence(void)
+{
+	secure_sequence(ids.seq, true);
+}
+
+/*
+ * Memory mode: make sure the durable horizon is at or after need, the end
+ * (plus lock delay) of a lease about to be granted or renewed, so that
+ * after a crash or a failover nobody is granted a key before that lease is
+ * over.  When it is not, set it DLOCK_HORIZON_AHEAD later, durably, under
+ * a lock that keeps two backends from moving it at once (one could move
+ * it back).  Call with synchronous_commit raised.
+ */
+static void
+secure_horizon(TimestampTz need)
+{
+	TimestampTz barrier;
+	TimestampTz horizon;
+	pg_uuid_t	unknown;
+
+	memory_state(&barrier, &horizon, &unknown);
+	if (need <= horizon)
+		return;
+	LockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
+	memory_state(&barrier, &horizon, &unknown);
+	if (need > horizon)
+	{
+		Section		s;
+		TimestampTz next = need + DLOCK_HORIZON_AHEAD;
+
+		section_begin(&s);
+		(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),
+								   Int64GetDatum(next), BoolGetDatum(true));
+		section_end(&s);
+		raise_synchronous_commit();
+		secure_sequence(ids.horizon, false);
+		dlock_mem_db_advance(ids.seq, next);
+	}
+	UnlockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
 }
 
 /* Fill *owner with a version 4 UUID from the strong random source. */
@@ -656,6 +880,45 @@ forget_verified(const char *key, int len)
 }
 
 /*
+ * dlock_storage_grant in memory mode: the same lease, recorded in memory
+ * (memstore.c) instead of a row.  The horizon and the token are durable
+ * before this returns; the transaction's commit is left as it is.
+ */
+static bool
+memory_grant(text *key, TimestampTz now, TimestampTz end,
+			 TimestampTz hold_limit, const DlockGrantOptions *opts,
+			 DlockLease *lease)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	Section		s;
+
+	dlock_check_writable();
+	storage_ids();
+	memset(lease, 0, sizeof(DlockLease));
+	new_owner(&lease->owner);
+	lease->found = true;
+	lease->held = true;
+	lease->expires_at = end;
+	lease->granted_at = now;
+	lease->lock_delay = opts->lock_delay;
+	lease->hold_limit = hold_limit;
+	if (opts->session_bound)
+		lease->session_id = dlock_session_mark(k, len);
+
+	secure_horizon(end + opts->lock_delay);
+	section_begin(&s);
+	lease->fence = nextval_internal(ids.seq, false);
+	section_end(&s);
+	raise_synchronous_commit();
+	secure_drawn_fence();
+
+	dlock_mem_write(k, len, lease, true, opts->holder);
+	forget_verified(k, len);
+	return true;
+}
+
+/*
  * Grant key for [now, end) to a new owner, drawing a new token; fill
  * *lease with the new lease and return true.  The caller holds the key's
  * grant lock and has seen no live lease under it.  The token is durable
@@ -683,6 +946,9 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 	LockTupleMode lockmode;
 	int			natts;
 	int			i;
+
+	if (dlock_memory_mode())
+		return memory_grant(key, now, end, hold_limit, opts, lease);
 
 	rel = open_for_change(&s);
 	desc = RelationGetDescr(rel);
@@ -825,6 +1091,28 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 	bool		replace[Natts_leases] = {0};
 	bool		release_only;
 
+	if (dlock_memory_mode())
+	{
+		DlockLease	lease;
+
+		dlock_check_writable();
+		storage_ids();
+		dlock_mem_read(k, len, &lease);
+		if (!lease.found)
+			elog(ERROR, "dlock: lease of a held key vanished");
+		if (!release)
+			secure_horizon(end + lease.lock_delay);
+		lease.expires_at = end;
+		if (release)
+		{
+			lease.held = false;
+			memset(&lease.owner, 0, sizeof(pg_uuid_t));
+		}
+		dlock_mem_write(k, len, &lease, false, NULL);
+		forget_verified(k, len);
+		return;
+	}
+
 	rel = open_for_change(&s);
 	/* nothing but releases written so far: no xid, or only our releases */
 	release_only = release &&
@@ -869,6 +1157,12 @@ dlock_storage_scan(void)
 	HeapTuple	tup;
 	List	   *rows = NIL;
 
+	if (dlock_memory_mode())
+	{
+		storage_ids();
+		return dlock_mem_scan();
+	}
+
 	rel = open_leases(AccessShareLock);
 	scan = systable_beginscan(rel, InvalidOid, false, SnapshotSelf, 0, NULL);
 	while (HeapTupleIsValid(tup = systable_getnext(scan)))
@@ -909,6 +1203,21 @@ dlock_storage_old_keys(TimestampTz cutoff)
 	HeapTuple	tup;
 	List	   *keys = NIL;
 
+	if (dlock_memory_mode())
+	{
+		ListCell   *lc;
+
+		storage_ids();
+		foreach(lc, dlock_mem_scan())
+		{
+			DlockLeaseRow *row = (DlockLeaseRow *) lfirst(lc);
+
+			if (row->lease.expires_at < cutoff)
+				keys = lappend(keys, row->key);
+		}
+		return keys;
+	}
+
 	rel = open_leases(AccessShareLock);
 	desc = RelationGetDescr(rel);
 	scan = systable_beginscan(rel, InvalidOid, false, SnapshotSelf, 0, NULL);
@@ -942,6 +1251,16 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 	HeapTuple	old;
 	DlockLease	lease;
 	bool		deleted = false;
+
+	if (dlock_memory_mode())
+	{
+		dlock_check_writable();
+		storage_ids();
+		deleted = dlock_mem_delete_old(k, len, cutoff);
+		if (deleted)
+			forget_verified(k, len);
+		return deleted;
+	}
 
 	rel = open_for_change(&s);
 	old = fetch_row(rel, k, len);
@@ -1013,6 +1332,8 @@ storage_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	HASH_SEQ_STATUS status;
 	DlockKeyState *st;
 
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		dlock_mem_subxact_abort(mySubid);
 	if (event != SUBXACT_EVENT_ABORT_SUB || key_states == NULL ||
 		key_states_lxid != MyProc->lxid)
 		return;
@@ -1036,6 +1357,7 @@ storage_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 static void
 storage_xact_callback(XactEvent event, void *arg)
 {
+	dlock_mem_xact_callback(event);
 	if (event != XACT_EVENT_PRE_COMMIT ||
 		release_only_lxid != MyProc->lxid)
 		return;

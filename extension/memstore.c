@@ -1,0 +1,725 @@
+/*-------------------------------------------------------------------------
+ *
+ * memstore.c
+ *		Leases kept in shared memory instead of dlock.leases, when the module
+ *		is preloaded with dlock.storage = memory.
+ *
+ * The shared hash holds one entry per (database, key): the key's last
+ * committed lease, as a row of dlock.leases would.  A grant, renewal or
+ * release writes no WAL and no heap row, so its transaction commits
+ * without a flush; that is the whole point of the mode (issue 10).  What
+ * stays durable is what must: the fencing token (storage.c flushes the
+ * sequence before a token is shown) and the horizon, a time that no lease
+ * granted here outlives (storage.c keeps it in dlock.horizon_seq).  After a
+ * restart, a crash or a promotion the entries are gone, and until the
+ * horizon has passed every key of the database reads as held by an unknown
+ * owner: whoever held a lease before is out of time before anyone else is
+ * granted the key.
+ *
+ * Transactions.  The table gives each change MVCC for free; here a
+ * transaction keeps its changes in a private overlay (a hash by key, plus
+ * a log for subtransaction aborts) and copies them into shared memory at
+ * commit, before its key locks are released.  Everyone else sees the last
+ * committed state, as a SnapshotSelf read of the table shows it; the
+ * transaction itself sees its own changes.  An abort, of the transaction
+ * or of a subtransaction, just drops the overlay's newer changes.  The key
+ * locks (keylock.c) serialize changes to a key exactly as in table mode,
+ * so no other transaction changes an entry between our change and our
+ * commit.
+ *
+ * Room.  A transaction that changes a key without an entry reserves one at
+ * once (an entry that reads as "no row"), so that the copy at commit, which
+ * must not fail, always has its entry; a full table fails the change, not
+ * the commit.  prune() deletes entries of released and expired leases at
+ * once, not at its commit: such an entry means the same as no entry, bar
+ * the key's history for the monotonic fencing mode, as in table mode.
+ *
+ * Locking.  The hash is partitioned by key, each partition under its own
+ * LWLock; the per-database slots (barrier, horizon) are under a spinlock.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lock.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "dlock.h"
+
+#define MEM_PARTITIONS		16
+#define MEM_MAX_DATABASES	64
+
+/* What names an entry; zero-padded, so that it hashes and compares as bytes. */
+typedef struct MemTag
+{
+	Oid			db;
+	char		key[DLOCK_MAX_KEY_BYTES + 1];
+} MemTag;
+
+/* One key's lease and what the views show with it: a row of dlock.leases. */
+typedef struct MemVersion
+{
+	DlockLease	lease;			/* found = false: reads as no row */
+	int32		pid;
+	bool		has_pid;
+	int16		holder_len;		/* -1: no holder */
+	char		application_name[NAMEDATALEN];	/* "": none */
+	char		holder[DLOCK_MAX_HOLDER_BYTES];
+} MemVersion;
+
+typedef struct MemEntry
+{
+	MemTag		tag;			/* hash key: must be first */
+	MemVersion	v;
+} MemEntry;
+
+/* A database's barrier and horizon (see dlock_mem_db_get). */
+typedef struct MemDatabase
+{
+	Oid			db;				/* InvalidOid: free slot */
+	Oid			seq;			/* the token sequence they belong to */
+	TimestampTz barrier;
+	TimestampTz horizon;
+	pg_uuid_t	unknown_owner;
+} MemDatabase;
+
+typedef struct MemShared
+{
+	LWLock	   *partitions[MEM_PARTITIONS];
+	slock_t		mutex;			/* protects dbs */
+	MemDatabase dbs[MEM_MAX_DATABASES];
+} MemShared;
+
+/* A change of this transaction, not yet committed (the overlay). */
+typedef struct MemChange
+{
+	MemTag		tag;
+	SubTransactionId subid;		/* the subtransaction that made it */
+	bool		created;		/* we reserved the shared entry */
+	struct MemChange *prev_same;	/* our earlier change of the key */
+	struct MemChange *prev_log; /* our previous change of any key */
+	MemVersion	v;
+} MemChange;
+
+/* The overlay's hash entry: the latest change of a key. */
+typedef struct MemLatest
+{
+	MemTag		tag;
+	MemChange  *change;			/* NULL when all were undone */
+} MemLatest;
+
+int			dlock_storage_mode = DLOCK_STORAGE_TABLE;
+int			dlock_memory_max_keys = 10000;
+
+static MemShared *mem = NULL;
+static HTAB *mem_htab = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/*
+ * The overlay, in TopTransactionContext; dropped by dlock_mem_xact_callback
+ * at the end of every transaction.
+ */
+static HTAB *mine = NULL;
+static MemChange *mine_log = NULL;
+
+/* Is memory mode on: preloaded, dlock.storage = memory, memory set up? */
+bool
+dlock_memory_mode(void)
+{
+	return dlock_storage_mode == DLOCK_STORAGE_MEMORY && mem != NULL;
+}
+
+static Size
+mem_size(void)
+{
+	return add_size(MAXALIGN(sizeof(MemShared)),
+					hash_estimate_size(dlock_memory_max_keys, sizeof(MemEntry)));
+}
+
+/* Ask for the memory and the partition locks (shmem_request_hook). */
+static void
+mem_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	if (dlock_storage_mode != DLOCK_STORAGE_MEMORY)
+		return;
+	RequestAddinShmemSpace(mem_size());
+	RequestNamedLWLockTranche("dlock memory", MEM_PARTITIONS);
+}
+
+/* Set up the hash, empty after every start (shmem_startup_hook). */
+static void
+mem_shmem_startup(void)
+{
+	bool		found;
+	HASHCTL		info;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	if (dlock_storage_mode != DLOCK_STORAGE_MEMORY)
+		return;
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	mem = ShmemInitStruct("dlock memory", sizeof(MemShared), &found);
+	if (!found)
+	{
+		LWLockPadded *locks = GetNamedLWLockTranche("dlock memory");
+		int			i;
+
+		memset(mem, 0, sizeof(MemShared));
+		for (i = 0; i < MEM_PARTITIONS; i++)
+			mem->partitions[i] = &locks[i].lock;
+		SpinLockInit(&mem->mutex);
+	}
+	info.keysize = sizeof(MemTag);
+	info.entrysize = sizeof(MemEntry);
+	info.num_partitions = MEM_PARTITIONS;
+	mem_htab = ShmemInitHash("dlock memory leases",
+							 dlock_memory_max_keys, dlock_memory_max_keys,
+							 &info,
+							 HASH_ELEM | HASH_BLOBS | HASH_PARTITION);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* Install the hooks; called from _PG_init while preloading. */
+void
+dlock_memstore_init(void)
+{
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = mem_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = mem_shmem_startup;
+}
+
+/* Fill *tag for key in this database. */
+static void
+make_tag(MemTag *tag, const char *key, int len)
+{
+	Assert(len <= DLOCK_MAX_KEY_BYTES);
+	memset(tag, 0, sizeof(MemTag));
+	tag->db = MyDatabaseId;
+	memcpy(tag->key, key, len);
+}
+
+static LWLock *
+partition_lock(uint32 hashcode)
+{
+	return mem->partitions[hashcode % MEM_PARTITIONS];
+}
+
+/* This transaction's overlay; created when create is set, else maybe NULL. */
+static HTAB *
+overlay(bool create)
+{
+	if (mine == NULL && create)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(MemTag);
+		ctl.entrysize = sizeof(MemLatest);
+		ctl.hcxt = TopTransactionContext;
+		mine = hash_create("dlock memory changes", 16, &ctl,
+						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	return mine;
+}
+
+/* Our latest uncommitted change of tag, or NULL. */
+static MemChange *
+my_change(const MemTag *tag)
+{
+	HTAB	   *o = overlay(false);
+	MemLatest  *l;
+
+	if (o == NULL)
+		return NULL;
+	l = hash_search(o, tag, HASH_FIND, NULL);
+	return l ? l->change : NULL;
+}
+
+/* Copy the committed version of tag into *v (found = false: none). */
+static void
+read_shared(const MemTag *tag, MemVersion *v)
+{
+	uint32		hashcode = get_hash_value(mem_htab, tag);
+	LWLock	   *lock = partition_lock(hashcode);
+	MemEntry   *e;
+
+	LWLockAcquire(lock, LW_SHARED);
+	e = hash_search_with_hash_value(mem_htab, tag, hashcode, HASH_FIND, NULL);
+	if (e != NULL)
+		memcpy(v, &e->v, sizeof(MemVersion));
+	else
+	{
+		memset(v, 0, sizeof(MemVersion));
+		v->lease.hold_limit = DT_NOEND;
+		v->holder_len = -1;
+	}
+	LWLockRelease(lock);
+}
+
+/* The version of tag this transaction sees: its own change, else the shared one. */
+static void
+read_version(const MemTag *tag, MemVersion *v)
+{
+	MemChange  *c = my_change(tag);
+
+	if (c != NULL)
+		memcpy(v, &c->v, sizeof(MemVersion));
+	else
+		read_shared(tag, v);
+}
+
+/*
+ * Read key's lease as this transaction sees it (storage.c applies the
+ * barrier).  No lock of the key is needed; the caller decides which one
+ * makes the answer stable, as in table mode.
+ */
+void
+dlock_mem_read(const char *key, int len, DlockLease *lease)
+{
+	MemTag		tag;
+	MemVersion	v;
+
+	make_tag(&tag, key, len);
+	read_version(&tag, &v);
+	*lease = v.lease;
+}
+
+/*
+ * Record a change of key to *lease (with the holder and the grantor's
+ * details when meta is set, else keeping the current ones) in this
+ * transaction's overlay; it reaches shared memory at commit.  The caller
+ * holds the key lock that serializes changes to the key.  Reserves the
+ * shared entry now if there is none, failing when the table is full.
+ */
+void
+dlock_mem_write(const char *key, int len, const DlockLease *lease,
+				bool meta, const text *holder)
+{
+	MemTag		tag;
+	MemVersion	v;
+	MemChange  *c;
+	MemLatest  *l;
+	bool		found;
+	bool		created = false;
+	HTAB	   *o;
+
+	make_tag(&tag, key, len);
+	read_version(&tag, &v);
+
+	/* reserve the shared entry, so that the commit cannot run out of room */
+	if (!v.lease.found && my_change(&tag) == NULL)
+	{
+		uint32		hashcode = get_hash_value(mem_htab, &tag);
+		LWLock	   *lock = partition_lock(hashcode);
+		MemEntry   *e;
+
+		LWLockAcquire(lock, LW_EXCLUSIVE);
+		e = hash_search_with_hash_value(mem_htab, &tag, hashcode,
+										HASH_ENTER_NULL, &found);
+		if (e != NULL && !found)
+		{
+			memset(&e->v, 0, sizeof(MemVersion));
+			e->v.lease.hold_limit = DT_NOEND;
+			e->v.holder_len = -1;
+			created = true;
+		}
+		LWLockRelease(lock);
+		if (e == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("dlock's shared memory for leases is full"),
+					 errdetail("dlock.memory_max_keys is %d, and that many keys have entries in memory.",
+							   dlock_memory_max_keys),
+					 errhint("Run dlock.prune() to drop the keys of old leases, or raise dlock.memory_max_keys (needs a restart).")));
+	}
+
+	o = overlay(true);
+	c = MemoryContextAllocZero(TopTransactionContext, sizeof(MemChange));
+	c->tag = tag;
+	c->subid = GetCurrentSubTransactionId();
+	c->created = created;
+	memcpy(&c->v, &v, sizeof(MemVersion));
+	c->v.lease = *lease;
+	if (meta)
+	{
+		c->v.pid = MyProcPid;
+		c->v.has_pid = true;
+		if (application_name != NULL)
+			strlcpy(c->v.application_name, application_name, NAMEDATALEN);
+		else
+			c->v.application_name[0] = '\0';
+		if (holder != NULL)
+		{
+			c->v.holder_len = VARSIZE_ANY_EXHDR(holder);
+			Assert(c->v.holder_len <= DLOCK_MAX_HOLDER_BYTES);
+			memcpy(c->v.holder, VARDATA_ANY(holder), c->v.holder_len);
+		}
+		else
+			c->v.holder_len = -1;
+	}
+
+	l = hash_search(o, &tag, HASH_ENTER, &found);
+	c->prev_same = found ? l->change : NULL;
+	l->change = c;
+	c->prev_log = mine_log;
+	mine_log = c;
+}
+
+/*
+ * Drop a reserved entry that never got a lease (an aborted first grant).
+ * A committed lease in it is left alone.
+ */
+static void
+unreserve(const MemTag *tag)
+{
+	uint32		hashcode = get_hash_value(mem_htab, tag);
+	LWLock	   *lock = partition_lock(hashcode);
+	MemEntry   *e;
+
+	LWLockAcquire(lock, LW_EXCLUSIVE);
+	e = hash_search_with_hash_value(mem_htab, tag, hashcode, HASH_FIND, NULL);
+	if (e != NULL && !e->v.lease.found)
+		hash_search_with_hash_value(mem_htab, tag, hashcode, HASH_REMOVE, NULL);
+	LWLockRelease(lock);
+}
+
+/*
+ * Undo our changes made in subtransaction subid or later ones (all of them
+ * when subid is InvalidSubTransactionId).
+ */
+static void
+undo_changes(SubTransactionId subid)
+{
+	while (mine_log != NULL && mine_log->subid >= subid)
+	{
+		MemChange  *c = mine_log;
+		MemLatest  *l = hash_search(mine, &c->tag, HASH_FIND, NULL);
+
+		Assert(l != NULL && l->change == c);
+		l->change = c->prev_same;
+		if (c->created)
+			unreserve(&c->tag);
+		mine_log = c->prev_log;
+	}
+}
+
+/* Copy our latest changes into shared memory; at commit, must not fail. */
+static void
+publish_changes(void)
+{
+	HASH_SEQ_STATUS status;
+	MemLatest  *l;
+
+	hash_seq_init(&status, mine);
+	while ((l = hash_seq_search(&status)) != NULL)
+	{
+		uint32		hashcode;
+		LWLock	   *lock;
+		MemEntry   *e;
+		bool		found;
+
+		if (l->change == NULL)
+			continue;
+		hashcode = get_hash_value(mem_htab, &l->tag);
+		lock = partition_lock(hashcode);
+		LWLockAcquire(lock, LW_EXCLUSIVE);
+		e = hash_search_with_hash_value(mem_htab, &l->tag, hashcode,
+										HASH_ENTER_NULL, &found);
+		if (e != NULL)
+			memcpy(&e->v, &l->change->v, sizeof(MemVersion));
+		LWLockRelease(lock);
+		if (e == NULL)			/* cannot happen: the entry was reserved */
+			elog(WARNING, "dlock: no room in memory to commit a lease change");
+	}
+}
+
+/*
+ * At commit, before the key locks go, make our changes everyone's; at
+ * abort, drop them.  A PREPARE TRANSACTION that changed leases is refused:
+ * the changes live in this backend.
+ */
+void
+dlock_mem_xact_callback(XactEvent event)
+{
+	if (mem == NULL || mine == NULL)
+		return;
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			if (mine_log != NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot PREPARE a transaction that changed dlock leases in memory mode")));
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			publish_changes();
+			mine = NULL;
+			mine_log = NULL;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			undo_changes(InvalidSubTransactionId);
+			mine = NULL;
+			mine_log = NULL;
+			break;
+		case XACT_EVENT_PREPARE:
+			mine = NULL;
+			mine_log = NULL;
+			break;
+		default:
+			break;
+	}
+}
+
+/* A subtransaction abort drops the changes made inside it. */
+void
+dlock_mem_subxact_abort(SubTransactionId subid)
+{
+	if (mem == NULL || mine == NULL)
+		return;
+	undo_changes(subid);
+}
+
+/* A row for the views from tag and *v. */
+static DlockLeaseRow *
+make_row(const MemTag *tag, const MemVersion *v)
+{
+	DlockLeaseRow *row = palloc0(sizeof(DlockLeaseRow));
+
+	row->key = cstring_to_text(tag->key);
+	row->lease = v->lease;
+	if (v->holder_len >= 0)
+		row->holder = cstring_to_text_with_len(v->holder, v->holder_len);
+	row->has_pid = v->has_pid;
+	row->pid = v->pid;
+	if (v->application_name[0] != '\0')
+		row->application_name = cstring_to_text(v->application_name);
+	return row;
+}
+
+/*
+ * Return every lease of this database (a List of DlockLeaseRow), as this
+ * transaction sees them: the committed ones, with its own changes.  All
+ * partitions are locked at once, as pg_locks does, for a consistent copy.
+ */
+List *
+dlock_mem_scan(void)
+{
+	HASH_SEQ_STATUS status;
+	MemEntry   *e;
+	List	   *rows = NIL;
+	int			i;
+
+	for (i = 0; i < MEM_PARTITIONS; i++)
+		LWLockAcquire(mem->partitions[i], LW_SHARED);
+	hash_seq_init(&status, mem_htab);
+	while ((e = hash_seq_search(&status)) != NULL)
+	{
+		if (e->tag.db != MyDatabaseId || my_change(&e->tag) != NULL)
+			continue;
+		if (e->v.lease.found)
+			rows = lappend(rows, make_row(&e->tag, &e->v));
+	}
+	for (i = MEM_PARTITIONS - 1; i >= 0; i--)
+		LWLockRelease(mem->partitions[i]);
+
+	/* our own changes (allocated after the locks are gone) */
+	if (overlay(false) != NULL)
+	{
+		HASH_SEQ_STATUS ostatus;
+		MemLatest  *l;
+
+		hash_seq_init(&ostatus, mine);
+		while ((l = hash_seq_search(&ostatus)) != NULL)
+		{
+			if (l->change != NULL && l->change->v.lease.found)
+				rows = lappend(rows, make_row(&l->tag, &l->change->v));
+			else if (l->change == NULL)
+			{
+				MemVersion	v;
+
+				read_shared(&l->tag, &v);
+				if (v.lease.found)
+					rows = lappend(rows, make_row(&l->tag, &v));
+			}
+		}
+	}
+	return rows;
+}
+
+/*
+ * Delete key's entry if its lease was released or expired before cutoff
+ * and no lock delay still runs; return whether it did.  The caller holds
+ * the key's grant lock.  Takes effect at once (see Room above); a key this
+ * transaction changed is left alone.
+ */
+bool
+dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff)
+{
+	MemTag		tag;
+	uint32		hashcode;
+	LWLock	   *lock;
+	MemEntry   *e;
+	bool		deleted = false;
+
+	make_tag(&tag, key, len);
+	if (my_change(&tag) != NULL)
+		return false;
+	hashcode = get_hash_value(mem_htab, &tag);
+	lock = partition_lock(hashcode);
+	LWLockAcquire(lock, LW_EXCLUSIVE);
+	e = hash_search_with_hash_value(mem_htab, &tag, hashcode, HASH_FIND, NULL);
+	if (e != NULL && e->v.lease.found && e->v.lease.expires_at < cutoff &&
+		!(e->v.lease.held && e->v.lease.lock_delay > 0 &&
+		  GetCurrentTimestamp() < e->v.lease.expires_at + e->v.lease.lock_delay))
+	{
+		hash_search_with_hash_value(mem_htab, &tag, hashcode, HASH_REMOVE, NULL);
+		deleted = true;
+	}
+	LWLockRelease(lock);
+	return deleted;
+}
+
+/* Remove every entry of database db (its extension was created anew). */
+static void
+forget_database(Oid db)
+{
+	HASH_SEQ_STATUS status;
+	MemEntry   *e;
+	int			i;
+
+	for (i = 0; i < MEM_PARTITIONS; i++)
+		LWLockAcquire(mem->partitions[i], LW_EXCLUSIVE);
+	hash_seq_init(&status, mem_htab);
+	while ((e = hash_seq_search(&status)) != NULL)
+	{
+		if (e->tag.db == db)
+			hash_search(mem_htab, &e->tag, HASH_REMOVE, NULL);
+	}
+	for (i = MEM_PARTITIONS - 1; i >= 0; i--)
+		LWLockRelease(mem->partitions[i]);
+}
+
+/*
+ * This database's barrier (before it every key is held by *unknown_owner)
+ * and horizon, if they are known for token sequence seq since memory was
+ * set up; false if not (storage.c then reads them and calls
+ * dlock_mem_db_set).
+ */
+bool
+dlock_mem_db_get(Oid seq, TimestampTz *barrier, TimestampTz *horizon,
+				 pg_uuid_t *unknown_owner)
+{
+	bool		known = false;
+	int			i;
+
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db == MyDatabaseId && d->seq == seq)
+		{
+			*barrier = d->barrier;
+			*horizon = d->horizon;
+			*unknown_owner = d->unknown_owner;
+			known = true;
+			break;
+		}
+	}
+	SpinLockRelease(&mem->mutex);
+	return known;
+}
+
+/*
+ * Record this database's barrier and horizon for token sequence seq, unless
+ * another backend did first; a slot for an older sequence (the extension
+ * was dropped and created again) is taken over and its entries forgotten.
+ */
+void
+dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
+{
+	MemDatabase *slot = NULL;
+	bool		stale = false;
+	bool		full = false;
+	int			i;
+	pg_uuid_t	unknown;
+
+	if (!pg_strong_random(unknown.data, UUID_LEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("could not generate a random owner token")));
+
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db == MyDatabaseId)
+		{
+			slot = d;
+			break;
+		}
+		if (slot == NULL && d->db == InvalidOid)
+			slot = d;
+	}
+	if (slot == NULL)
+		full = true;
+	else if (slot->db != MyDatabaseId || slot->seq != seq)
+	{
+		stale = (slot->db == MyDatabaseId);
+		slot->db = MyDatabaseId;
+		slot->seq = seq;
+		slot->barrier = barrier;
+		slot->horizon = horizon;
+		slot->unknown_owner = unknown;
+	}
+	SpinLockRelease(&mem->mutex);
+
+	if (full)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("too many databases use dlock in memory mode"),
+				 errdetail("At most %d databases can keep leases in memory at once.",
+						   MEM_MAX_DATABASES)));
+	if (stale)
+		forget_database(MyDatabaseId);
+}
+
+/* Raise this database's horizon to at least horizon (now durable). */
+void
+dlock_mem_db_advance(Oid seq, TimestampTz horizon)
+{
+	int			i;
+
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db == MyDatabaseId && d->seq == seq)
+		{
+			if (d->horizon < horizon)
+				d->horizon = horizon;
+			break;
+		}
+	}
+	SpinLockRelease(&mem->mutex);
+}
