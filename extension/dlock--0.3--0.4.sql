@@ -20,3 +20,14 @@ COMMENT ON SEQUENCE dlock.horizon_seq IS
 
 SELECT pg_catalog.pg_extension_config_dump('dlock.horizon_seq', '');
 REVOKE ALL ON SEQUENCE dlock.horizon_seq FROM PUBLIC;
+
+-- An administrator's way to break a lease, in either storage mode.
+CREATE FUNCTION dlock.forget(key pg_catalog.text)
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'dlock_forget'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION dlock.forget(pg_catalog.text) IS
+'for administrators: drop the lease of key whoever holds it, as prune() would once it ended; its holder''s fenced writes are refused from then on';
+
+REVOKE ALL ON FUNCTION dlock.forget(pg_catalog.text) FROM PUBLIC;

@@ -146,6 +146,16 @@ COMMENT ON FUNCTION dlock.prune(pg_catalog.interval) IS
 
 REVOKE ALL ON FUNCTION dlock.prune(pg_catalog.interval) FROM PUBLIC;
 
+CREATE FUNCTION dlock.forget(key pg_catalog.text)
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'dlock_forget'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION dlock.forget(pg_catalog.text) IS
+'for administrators: drop the lease of key whoever holds it, as prune() would once it ended; its holder''s fenced writes are refused from then on';
+
+REVOKE ALL ON FUNCTION dlock.forget(pg_catalog.text) FROM PUBLIC;
+
 --
 -- Fencing.
 --

@@ -162,7 +162,8 @@ extern bool dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 								DlockLease *lease);
 extern void dlock_storage_set_end(text *key, TimestampTz end, bool release);
 extern List *dlock_storage_old_keys(TimestampTz cutoff);
-extern bool dlock_storage_delete_old(text *key, TimestampTz cutoff);
+extern bool dlock_storage_delete_old(text *key, TimestampTz cutoff,
+									 bool force);
 extern DlockKeyState *dlock_key_state(const char *key, bool create);
 extern void dlock_install_check_schema(Oid nspid);
 
@@ -189,7 +190,8 @@ extern void dlock_mem_read(const char *key, int len, DlockLease *lease);
 extern void dlock_mem_write(const char *key, int len, const DlockLease *lease,
 							bool meta, const text *holder);
 extern List *dlock_mem_scan(void);
-extern bool dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff);
+extern bool dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff,
+								 bool force);
 extern void dlock_mem_xact_callback(XactEvent event);
 extern void dlock_mem_subxact_abort(SubTransactionId subid);
 extern bool dlock_mem_db_get(Oid seq, TimestampTz *barrier,

@@ -37,6 +37,7 @@ PG_FUNCTION_INFO_V1(dlock_acquire);
 PG_FUNCTION_INFO_V1(dlock_renew);
 PG_FUNCTION_INFO_V1(dlock_release);
 PG_FUNCTION_INFO_V1(dlock_prune);
+PG_FUNCTION_INFO_V1(dlock_forget);
 
 typedef enum GrantResult
 {
@@ -663,9 +664,42 @@ dlock_prune(PG_FUNCTION_ARGS)
 		CHECK_FOR_INTERRUPTS();
 		if (!dlock_lock_for_grant(k, len))
 			continue;
-		if (dlock_storage_delete_old(key, cutoff))
+		if (dlock_storage_delete_old(key, cutoff, false))
 			deleted++;
 		dlock_unlock_grant(k, len);
 	}
 	PG_RETURN_INT64(deleted);
+}
+
+/*
+ * dlock.forget(key): drop key's lease, held or not, as prune() drops an
+ * old one; return whether there was one.  For administrators (EXECUTE is
+ * revoked from PUBLIC), in either storage mode: in memory mode nobody can
+ * delete the lease any other way.  The holder's fenced writes are refused
+ * from then on (no lease), and the key's next token is still higher than
+ * any before.  Locks the key as for a grant, without waiting: while
+ * anyone has the key locked, it fails with 55P03.
+ */
+Datum
+dlock_forget(PG_FUNCTION_ARGS)
+{
+	text	   *key;
+	const char *k;
+	int			len;
+	bool		deleted;
+
+	dlock_no_parallel(fcinfo);
+	dlock_check_writable();
+	key = dlock_key_arg(fcinfo, 0);
+	k = VARDATA_ANY(key);
+	len = VARSIZE_ANY_EXHDR(key);
+	if (!dlock_lock_for_grant(k, len))
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("lock key \"%s\" is in use", text_to_cstring(key)),
+				 errdetail("A grant, a renewal, a release or a fenced write of the key is in progress."),
+				 errhint("Try again.")));
+	deleted = dlock_storage_delete_old(key, DT_NOEND, true);
+	dlock_unlock_grant(k, len);
+	PG_RETURN_BOOL(deleted);
 }

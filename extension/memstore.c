@@ -53,6 +53,7 @@
 #include "utils/hsearch.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "dlock.h"
@@ -129,8 +130,10 @@ static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /*
- * The overlay, in TopTransactionContext; dropped by dlock_mem_xact_callback
- * at the end of every transaction.
+ * The overlay: the hash lives as long as the backend (creating one per
+ * transaction would cost more than a grant's own work), the changes in
+ * TopTransactionContext; mine_log is NULL when this transaction changed
+ * nothing.  dlock_mem_xact_callback empties it at every transaction end.
  */
 static HTAB *mine = NULL;
 static MemChange *mine_log = NULL;
@@ -191,7 +194,8 @@ mem_shmem_startup(void)
 	mem_htab = ShmemInitHash("dlock memory leases",
 							 dlock_memory_max_keys, dlock_memory_max_keys,
 							 &info,
-							 HASH_ELEM | HASH_BLOBS | HASH_PARTITION);
+							 HASH_ELEM | HASH_BLOBS | HASH_PARTITION |
+							 HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -221,7 +225,10 @@ partition_lock(uint32 hashcode)
 	return mem->partitions[hashcode % MEM_PARTITIONS];
 }
 
-/* This transaction's overlay; created when create is set, else maybe NULL. */
+/*
+ * The overlay; NULL (unless create is set) when this transaction changed
+ * nothing.
+ */
 static HTAB *
 overlay(bool create)
 {
@@ -231,11 +238,26 @@ overlay(bool create)
 
 		ctl.keysize = sizeof(MemTag);
 		ctl.entrysize = sizeof(MemLatest);
-		ctl.hcxt = TopTransactionContext;
+		ctl.hcxt = TopMemoryContext;
 		mine = hash_create("dlock memory changes", 16, &ctl,
 						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
-	return mine;
+	return mine_log != NULL || create ? mine : NULL;
+}
+
+/* Empty the overlay at the end of a transaction. */
+static void
+overlay_reset(void)
+{
+	HASH_SEQ_STATUS status;
+	MemLatest  *l;
+
+	mine_log = NULL;
+	if (mine == NULL || hash_get_num_entries(mine) == 0)
+		return;
+	hash_seq_init(&status, mine);
+	while ((l = hash_seq_search(&status)) != NULL)
+		(void) hash_search(mine, &l->tag, HASH_REMOVE, NULL);
 }
 
 /* Our latest uncommitted change of tag, or NULL. */
@@ -457,7 +479,7 @@ publish_changes(void)
 void
 dlock_mem_xact_callback(XactEvent event)
 {
-	if (mem == NULL || mine == NULL)
+	if (mem == NULL || mine == NULL || hash_get_num_entries(mine) == 0)
 		return;
 	switch (event)
 	{
@@ -470,18 +492,15 @@ dlock_mem_xact_callback(XactEvent event)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			publish_changes();
-			mine = NULL;
-			mine_log = NULL;
+			overlay_reset();
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			undo_changes(InvalidSubTransactionId);
-			mine = NULL;
-			mine_log = NULL;
+			overlay_reset();
 			break;
 		case XACT_EVENT_PREPARE:
-			mine = NULL;
-			mine_log = NULL;
+			overlay_reset();
 			break;
 		default:
 			break;
@@ -492,7 +511,7 @@ dlock_mem_xact_callback(XactEvent event)
 void
 dlock_mem_subxact_abort(SubTransactionId subid)
 {
-	if (mem == NULL || mine == NULL)
+	if (mem == NULL || mine_log == NULL)
 		return;
 	undo_changes(subid);
 }
@@ -566,12 +585,14 @@ dlock_mem_scan(void)
 
 /*
  * Delete key's entry if its lease was released or expired before cutoff
- * and no lock delay still runs; return whether it did.  The caller holds
+ * and no lock delay still runs, or in any case when force is set; return
+ * whether it did.  The caller holds
  * the key's grant lock.  Takes effect at once (see Room above); a key this
  * transaction changed is left alone.
  */
 bool
-dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff)
+dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff,
+					 bool force)
 {
 	MemTag		tag;
 	uint32		hashcode;
@@ -586,9 +607,11 @@ dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff)
 	lock = partition_lock(hashcode);
 	LWLockAcquire(lock, LW_EXCLUSIVE);
 	e = hash_search_with_hash_value(mem_htab, &tag, hashcode, HASH_FIND, NULL);
-	if (e != NULL && e->v.lease.found && e->v.lease.expires_at < cutoff &&
-		!(e->v.lease.held && e->v.lease.lock_delay > 0 &&
-		  GetCurrentTimestamp() < e->v.lease.expires_at + e->v.lease.lock_delay))
+	if (e != NULL && e->v.lease.found &&
+		(force ||
+		 (e->v.lease.expires_at < cutoff &&
+		  !(e->v.lease.held && e->v.lease.lock_delay > 0 &&
+			GetCurrentTimestamp() < e->v.lease.expires_at + e->v.lease.lock_delay))))
 	{
 		hash_search_with_hash_value(mem_htab, &tag, hashcode, HASH_REMOVE, NULL);
 		deleted = true;
@@ -649,6 +672,48 @@ dlock_mem_db_get(Oid seq, TimestampTz *barrier, TimestampTz *horizon,
 }
 
 /*
+ * Free the slots (and entries) of databases that no longer exist; return
+ * whether any was freed.
+ */
+static bool
+reclaim_dropped_databases(void)
+{
+	Oid			dbs[MEM_MAX_DATABASES];
+	bool		dropped[MEM_MAX_DATABASES];
+	bool		any = false;
+	int			i;
+
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+		dbs[i] = mem->dbs[i].db;
+	SpinLockRelease(&mem->mutex);
+
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+		dropped[i] = OidIsValid(dbs[i]) &&
+			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbs[i]));
+
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	{
+		if (dropped[i] && mem->dbs[i].db == dbs[i])
+			mem->dbs[i].db = InvalidOid;
+		else
+			dropped[i] = false;
+	}
+	SpinLockRelease(&mem->mutex);
+
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	{
+		if (dropped[i])
+		{
+			forget_database(dbs[i]);
+			any = true;
+		}
+	}
+	return any;
+}
+
+/*
  * Record this database's barrier and horizon for token sequence seq, unless
  * another backend did first; a slot for an older sequence (the extension
  * was dropped and created again) is taken over and its entries forgotten.
@@ -658,8 +723,8 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 {
 	MemDatabase *slot = NULL;
 	bool		stale = false;
-	bool		full = false;
 	int			i;
+	int			attempt;
 	pg_uuid_t	unknown;
 
 	if (!pg_strong_random(unknown.data, UUID_LEN))
@@ -667,33 +732,38 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
 				 errmsg("could not generate a random owner token")));
 
-	SpinLockAcquire(&mem->mutex);
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (attempt = 0; attempt < 2; attempt++)
 	{
-		MemDatabase *d = &mem->dbs[i];
-
-		if (d->db == MyDatabaseId)
+		slot = NULL;
+		SpinLockAcquire(&mem->mutex);
+		for (i = 0; i < MEM_MAX_DATABASES; i++)
 		{
-			slot = d;
-			break;
-		}
-		if (slot == NULL && d->db == InvalidOid)
-			slot = d;
-	}
-	if (slot == NULL)
-		full = true;
-	else if (slot->db != MyDatabaseId || slot->seq != seq)
-	{
-		stale = (slot->db == MyDatabaseId);
-		slot->db = MyDatabaseId;
-		slot->seq = seq;
-		slot->barrier = barrier;
-		slot->horizon = horizon;
-		slot->unknown_owner = unknown;
-	}
-	SpinLockRelease(&mem->mutex);
+			MemDatabase *d = &mem->dbs[i];
 
-	if (full)
+			if (d->db == MyDatabaseId)
+			{
+				slot = d;
+				break;
+			}
+			if (slot == NULL && d->db == InvalidOid)
+				slot = d;
+		}
+		if (slot != NULL &&
+			(slot->db != MyDatabaseId || slot->seq != seq))
+		{
+			stale = (slot->db == MyDatabaseId);
+			slot->db = MyDatabaseId;
+			slot->seq = seq;
+			slot->barrier = barrier;
+			slot->horizon = horizon;
+			slot->unknown_owner = unknown;
+		}
+		SpinLockRelease(&mem->mutex);
+		if (slot != NULL || !reclaim_dropped_databases())
+			break;
+	}
+
+	if (slot == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("too many databases use dlock in memory mode"),

@@ -66,6 +66,7 @@
 #include "catalog/pg_depend.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
+#include "commands/dbcommands.h"
 #include "commands/extension.h"
 #include "commands/sequence.h"
 #include "executor/tuptable.h"
@@ -602,6 +603,12 @@ memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown)
 	dlock_mem_db_set(ids.seq, b, h);
 	if (!dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
 		elog(ERROR, "dlock: the memory state of the database vanished");
+	if (GetCurrentTimestamp() < *barrier)
+		ereport(LOG,
+				(errmsg("dlock: no key of database \"%s\" is granted before %s",
+						get_database_name(MyDatabaseId),
+						timestamptz_to_str(*barrier)),
+				 errdetail("With dlock.storage = memory, leases do not survive a restart, a crash or a failover; those granted before may still be held until then.")));
 }
 
 /*
@@ -1238,11 +1245,12 @@ dlock_storage_old_keys(TimestampTz cutoff)
 
 /*
  * Delete the row of key if its lease was released or expired before
- * cutoff; return whether it did.  The caller holds the key's grant lock.
- * A row that another prune() is deleting is left to it, without waiting.
+ * cutoff, or in any case when force is set; return whether it did.  The
+ * caller holds the key's grant lock.  A row that another prune() is
+ * deleting is left to it, without waiting.
  */
 bool
-dlock_storage_delete_old(text *key, TimestampTz cutoff)
+dlock_storage_delete_old(text *key, TimestampTz cutoff, bool force)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
@@ -1256,7 +1264,7 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 	{
 		dlock_check_writable();
 		storage_ids();
-		deleted = dlock_mem_delete_old(k, len, cutoff);
+		deleted = dlock_mem_delete_old(k, len, cutoff, force);
 		if (deleted)
 			forget_verified(k, len);
 		return deleted;
@@ -1266,9 +1274,11 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff)
 	old = fetch_row(rel, k, len);
 	row_to_lease(rel, old, &lease);
 	/* a lock delay still running keeps the row (and the delay) */
-	if (old != NULL && lease.expires_at < cutoff &&
-		!(lease.held && lease.lock_delay > 0 &&
-		  GetCurrentTimestamp() < lease.expires_at + lease.lock_delay))
+	if (old != NULL &&
+		(force ||
+		 (lease.expires_at < cutoff &&
+		  !(lease.held && lease.lock_delay > 0 &&
+			GetCurrentTimestamp() < lease.expires_at + lease.lock_delay))))
 	{
 		TM_FailureData tmfd;
 
