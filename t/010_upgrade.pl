@@ -9,8 +9,9 @@
 #    refuses a stale write (LF001) and accepts the current one, the new
 #    columns read NULL for the old rows, and the new arguments
 #    (session_bound, lock_delay) and dlock.max_hold work.
-# 3. Both upgraded databases (from 0.1 and from 0.2) have exactly the
-#    objects of a fresh 0.3 install: members, functions with their
+# 3. Both upgraded databases (from 0.1 and from 0.2, through 0.3 to the
+#    default version, 0.4 since memory mode) have exactly the objects of a
+#    fresh install of it: members, functions with their
 #    arguments and properties, relations, columns, views, types,
 #    sequences, constraints, dependencies, grants, initial privileges and
 #    comments.
@@ -119,7 +120,7 @@ is( (run_sql('v02', "SELECT count(*) FROM dlock.try_acquire('sb', '1 hour', sess
 	'42883', '0.2: no session_bound argument before the upgrade');
 my $seq02 = $node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq');
 $node->safe_psql('v02', 'ALTER EXTENSION dlock UPDATE');
-is(version('v02'), '0.3', '0.2 upgraded to 0.3');
+is(version('v02'), '0.4', '0.2 upgraded to 0.4 (the default version)');
 is($node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq02, '0.2 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v02', qq{
@@ -161,7 +162,7 @@ my $rows01 = $node->safe_psql('v01', q{
 	FROM dlock.leases});
 
 $node->safe_psql('v01', 'ALTER EXTENSION dlock UPDATE');
-is(version('v01'), '0.3', '0.1 upgraded to 0.3 by ALTER EXTENSION dlock UPDATE');
+is(version('v01'), '0.4', '0.1 upgraded to 0.4 by ALTER EXTENSION dlock UPDATE');
 is($node->safe_psql('v01', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq01, '0.1 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v01', q{
@@ -254,7 +255,7 @@ is( $node->safe_psql('v01', q{
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION dlock');
 $node->safe_psql('fresh', $fenced_table);
-is(version('fresh'), '0.3', 'a fresh install is 0.3');
+is(version('fresh'), '0.4', 'a fresh install is 0.4');
 
 # Show the lines that only one of two listings has.
 sub diag_lines
