@@ -42,7 +42,9 @@
  *				token)) AS f WHERE cid = i	(fence_guard('bulk:{cid}'))
  *
  * The fenced workloads read the token of their client's lease (granted by
- * bench/locks with a long TTL) from dlock.leases at connect.
+ * bench/locks with a long TTL) from the table lease_tokens of
+ * bench/locks_setup.sql at connect (not from dlock.leases, which holds no
+ * lease with dlock.storage = memory).
  *
  * PostgreSQL statements are prepared once per connection, the Lua script is
  * loaded once per connection; --sync sets synchronous_commit at connect.
@@ -421,7 +423,7 @@ run_pg(Client *c)
 		params[0] = key;
 		snprintf(key, sizeof(key), "%s:%d",
 				 workload == W_UPDATE_FENCED ? "stock" : "bulk", c->id);
-		res = pg_query(conn, "SELECT fence FROM dlock.leases WHERE key = $1", 1, params);
+		res = pg_query(conn, "SELECT fence FROM lease_tokens WHERE key = $1", 1, params);
 		if (PQntuples(res) != 1)
 			die("no lease for the client's rows (bench/locks grants them)", key);
 		snprintf(token, sizeof(token), "%s", PQgetvalue(res, 0, 0));

@@ -3,9 +3,10 @@
 -- the runs, with psql -v nclients=N).  Client i updates row i of the
 -- stock tables and its 1000 rows (cid = i) of the bulk tables; the fenced
 -- tables are guarded by dlock.fence_guard, and client i holds the leases
--- of 'stock:i' and 'bulk:i' (granted here, for a day; lockbench reads
--- their tokens from dlock.leases).  The plain tables are the same without
--- the trigger.
+-- of 'stock:i' and 'bulk:i' (granted here, for a day; their tokens go to
+-- lease_tokens, where lockbench reads them: in memory mode, dlock.storage
+-- = memory, the leases are not in dlock.leases).  The plain tables are the
+-- same without the trigger.
 CREATE TABLE sql_leases (key text PRIMARY KEY, owner uuid NOT NULL,
                          expires_at timestamptz NOT NULL);
 CREATE TABLE stock_plain (id int PRIMARY KEY, qty bigint NOT NULL);
@@ -16,10 +17,11 @@ CREATE TABLE bulk_plain (cid int NOT NULL, qty bigint NOT NULL);
 CREATE TABLE bulk_fenced (cid int NOT NULL, qty bigint NOT NULL);
 CREATE TRIGGER bulk_fence BEFORE INSERT OR UPDATE OR DELETE ON bulk_fenced
   FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('bulk:{cid}');
+CREATE TABLE lease_tokens (key text PRIMARY KEY, fence bigint NOT NULL);
 -- one grant per statement would be as good; one statement is quicker
-SELECT count(*) FROM generate_series(0, :nclients - 1) i,
+INSERT INTO lease_tokens SELECT l.key, l.fence FROM generate_series(0, :nclients - 1) i,
   LATERAL dlock.try_acquire('stock:' || i, '1 day') l;
-SELECT count(*) FROM generate_series(0, :nclients - 1) i,
+INSERT INTO lease_tokens SELECT l.key, l.fence FROM generate_series(0, :nclients - 1) i,
   LATERAL dlock.try_acquire('bulk:' || i, '1 day') l;
 -- the rows are written before the leases are used: bypass the guard once
 SET dlock.fence_bypass = on;
