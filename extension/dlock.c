@@ -58,6 +58,9 @@ bool		dlock_log_events = false;
 /* dlock.async_release: release-only transactions commit asynchronously */
 bool		dlock_async_release = true;
 
+/* dlock.horizon_margin: how far past a lease's end the horizon is moved */
+int			dlock_horizon_margin_ms = 10 * 1000;
+
 void		_PG_init(void);
 
 /*
@@ -272,6 +275,18 @@ _PG_init(void)
 								 NULL,
 								 NULL,
 								 NULL);
+		DefineCustomIntVariable("dlock.horizon_margin",
+								gettext_noop("With dlock.storage = memory, how far past the end of a lease the horizon is moved when the lease outlives it."),
+								gettext_noop("Larger: fewer durable writes of the horizon (one per margin at most); smaller: a shorter wait after a restart, which lasts until the longest lease could have ended plus up to this margin."),
+								&dlock_horizon_margin_ms,
+								10 * 1000,
+								0,
+								INT_MAX,
+								PGC_SIGHUP,
+								GUC_UNIT_MS,
+								NULL,
+								NULL,
+								NULL);
 		DefineCustomIntVariable("dlock.memory_max_keys",
 								gettext_noop("Keys whose leases shared memory can hold, with dlock.storage = memory."),
 								gettext_noop("Each takes about 2 kB; a grant of a new key fails when they are all in use, until dlock.prune() frees some."),

@@ -107,6 +107,7 @@ extern int	dlock_max_hold_ms;
 extern int	dlock_stats_max;
 extern bool dlock_log_events;
 extern bool dlock_async_release;
+extern int	dlock_horizon_margin_ms;
 extern void dlock_settings_check(void);
 
 /* lease.c */

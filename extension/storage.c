@@ -137,19 +137,20 @@ typedef struct Section
 static LocalTransactionId release_only_lxid = InvalidLocalTransactionId;
 static XLogRecPtr release_only_end = InvalidXLogRecPtr;
 
+/*
+ * Memory mode: the transaction whose transaction id and WAL so far come only
+ * from memory grants (a sequence logging ahead, the horizon), all flushed
+ * before the grant returned, and the end of its WAL then (memory_grant).
+ */
+static LocalTransactionId seq_only_lxid = InvalidLocalTransactionId;
+static XLogRecPtr seq_only_end = InvalidXLogRecPtr;
+
 /* The per-transaction view of verified keys (see DlockKeyState). */
 static HTAB *key_states = NULL;
 static LocalTransactionId key_states_lxid = InvalidLocalTransactionId;
 
 /* Table mode: this backend has seen the horizon pass (see read_barrier). */
 static bool table_barrier_passed = false;
-
-/*
- * How far past the end of a lease the horizon is set when a lease outgrows
- * it: one durable write of the horizon covers the grants of the next ten
- * seconds.
- */
-#define DLOCK_HORIZON_AHEAD		(10 * USECS_PER_SEC)
 
 /*
  * Forget the cached OIDs, and what this transaction verified against the
@@ -826,7 +827,8 @@ secure_drawn_fence(void)
  * Memory mode: make sure the durable horizon is at or after need, the end
  * (plus lock delay) of a lease about to be granted or renewed, so that
  * after a crash or a failover nobody is granted a key before that lease is
- * over.  When it is not, set it DLOCK_HORIZON_AHEAD later, durably, under
+ * over.  When it is not, set it dlock.horizon_margin later (one durable
+ * write then covers the grants of that long), durably, under
  * a lock that keeps two backends from moving it at once (one could move
  * it back).  Call with synchronous_commit raised.
  */
@@ -845,7 +847,7 @@ secure_horizon(TimestampTz need)
 	if (need > horizon)
 	{
 		Section		s;
-		TimestampTz next = need + DLOCK_HORIZON_AHEAD;
+		TimestampTz next = need + (int64) dlock_horizon_margin_ms * 1000;
 
 		section_begin(&s);
 		(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),
@@ -899,9 +901,13 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
 	Section		s;
+	bool		seq_only;
 
 	dlock_check_writable();
 	storage_ids();
+	/* no transaction id yet, or one that only earlier memory grants took */
+	seq_only = !TransactionIdIsValid(GetTopTransactionIdIfAny()) ||
+		(seq_only_lxid == MyProc->lxid && XactLastRecEnd == seq_only_end);
 	memset(lease, 0, sizeof(DlockLease));
 	new_owner(&lease->owner);
 	lease->found = true;
@@ -922,6 +928,15 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 
 	dlock_mem_write(k, len, lease, true, opts->holder);
 	forget_verified(k, len);
+
+	/*
+	 * The sequences' WAL, which may have taken a transaction id so that the
+	 * commit would flush it, is flushed already: unless the transaction
+	 * writes something else, its commit need not wait for a flush
+	 * (storage_xact_callback).
+	 */
+	seq_only_lxid = seq_only ? MyProc->lxid : InvalidLocalTransactionId;
+	seq_only_end = XactLastRecEnd;
 	return true;
 }
 
@@ -1368,6 +1383,15 @@ static void
 storage_xact_callback(XactEvent event, void *arg)
 {
 	dlock_mem_xact_callback(event);
+	if (event == XACT_EVENT_PRE_COMMIT && seq_only_lxid == MyProc->lxid)
+	{
+		seq_only_lxid = InvalidLocalTransactionId;
+		if (XactLastRecEnd == seq_only_end &&
+			synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
+			(void) set_config_option("synchronous_commit", "off",
+									 PGC_USERSET, PGC_S_SESSION,
+									 GUC_ACTION_LOCAL, true, 0, false);
+	}
 	if (event != XACT_EVENT_PRE_COMMIT ||
 		release_only_lxid != MyProc->lxid)
 		return;
