@@ -42,6 +42,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lock.h"
@@ -61,9 +62,14 @@
 #define MEM_PARTITIONS		16
 #define MEM_MAX_DATABASES	64
 
-/* What names an entry; zero-padded, so that it hashes and compares as bytes. */
+/*
+ * What names an entry: the key, zero-padded, in its database, and the hash
+ * of both, computed once by make_tag (memtag_hash returns it, memtag_match
+ * compares it first).
+ */
 typedef struct MemTag
 {
+	uint32		hashcode;
 	Oid			db;
 	char		key[DLOCK_MAX_KEY_BYTES + 1];
 } MemTag;
@@ -145,6 +151,25 @@ dlock_memory_mode(void)
 	return dlock_storage_mode == DLOCK_STORAGE_MEMORY && mem != NULL;
 }
 
+/* The hash function of both hashes of MemTags: the hash make_tag stored. */
+static uint32
+memtag_hash(const void *key, Size keysize)
+{
+	return ((const MemTag *) key)->hashcode;
+}
+
+/* Their match function: 0 when the tags name the same key. */
+static int
+memtag_match(const void *key1, const void *key2, Size keysize)
+{
+	const MemTag *a = (const MemTag *) key1;
+	const MemTag *b = (const MemTag *) key2;
+
+	if (a->hashcode != b->hashcode || a->db != b->db)
+		return 1;
+	return strcmp(a->key, b->key);
+}
+
 static Size
 mem_size(void)
 {
@@ -190,12 +215,14 @@ mem_shmem_startup(void)
 	}
 	info.keysize = sizeof(MemTag);
 	info.entrysize = sizeof(MemEntry);
+	info.hash = memtag_hash;
+	info.match = memtag_match;
 	info.num_partitions = MEM_PARTITIONS;
 	mem_htab = ShmemInitHash("dlock memory leases",
 							 dlock_memory_max_keys, dlock_memory_max_keys,
 							 &info,
-							 HASH_ELEM | HASH_BLOBS | HASH_PARTITION |
-							 HASH_FIXED_SIZE);
+							 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE |
+							 HASH_PARTITION | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -217,6 +244,8 @@ make_tag(MemTag *tag, const char *key, int len)
 	memset(tag, 0, sizeof(MemTag));
 	tag->db = MyDatabaseId;
 	memcpy(tag->key, key, len);
+	tag->hashcode = hash_bytes((const unsigned char *) key, len) ^
+		murmurhash32((uint32) MyDatabaseId);
 }
 
 static LWLock *
@@ -238,9 +267,12 @@ overlay(bool create)
 
 		ctl.keysize = sizeof(MemTag);
 		ctl.entrysize = sizeof(MemLatest);
+		ctl.hash = memtag_hash;
+		ctl.match = memtag_match;
 		ctl.hcxt = TopMemoryContext;
 		mine = hash_create("dlock memory changes", 16, &ctl,
-						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+						   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE |
+						   HASH_CONTEXT);
 	}
 	return mine_log != NULL || create ? mine : NULL;
 }
@@ -273,37 +305,53 @@ my_change(const MemTag *tag)
 	return l ? l->change : NULL;
 }
 
-/* Copy the committed version of tag into *v (found = false: none). */
+/*
+ * Copy the committed version of tag into *v (found = false: none); only its
+ * lease unless full is set (the rest is a kilobyte and a half).
+ */
 static void
-read_shared(const MemTag *tag, MemVersion *v)
+read_shared(const MemTag *tag, MemVersion *v, bool full)
 {
-	uint32		hashcode = get_hash_value(mem_htab, tag);
-	LWLock	   *lock = partition_lock(hashcode);
+	LWLock	   *lock = partition_lock(tag->hashcode);
 	MemEntry   *e;
 
 	LWLockAcquire(lock, LW_SHARED);
-	e = hash_search_with_hash_value(mem_htab, tag, hashcode, HASH_FIND, NULL);
-	if (e != NULL)
+	e = hash_search_with_hash_value(mem_htab, tag, tag->hashcode,
+									HASH_FIND, NULL);
+	if (e == NULL)
+	{
+		memset(&v->lease, 0, sizeof(DlockLease));
+		v->lease.hold_limit = DT_NOEND;
+	}
+	else if (full)
 		memcpy(v, &e->v, sizeof(MemVersion));
 	else
-	{
-		memset(v, 0, sizeof(MemVersion));
-		v->lease.hold_limit = DT_NOEND;
-		v->holder_len = -1;
-	}
+		v->lease = e->v.lease;
 	LWLockRelease(lock);
+	if (e == NULL && full)
+	{
+		v->pid = 0;
+		v->has_pid = false;
+		v->holder_len = -1;
+		v->application_name[0] = '\0';
+	}
 }
 
-/* The version of tag this transaction sees: its own change, else the shared one. */
+/*
+ * The version of tag this transaction sees: its own change, else the
+ * shared one (only its lease unless full is set).
+ */
 static void
-read_version(const MemTag *tag, MemVersion *v)
+read_version(const MemTag *tag, MemVersion *v, bool full)
 {
 	MemChange  *c = my_change(tag);
 
-	if (c != NULL)
+	if (c == NULL)
+		read_shared(tag, v, full);
+	else if (full)
 		memcpy(v, &c->v, sizeof(MemVersion));
 	else
-		read_shared(tag, v);
+		v->lease = c->v.lease;
 }
 
 /*
@@ -318,7 +366,7 @@ dlock_mem_read(const char *key, int len, DlockLease *lease)
 	MemVersion	v;
 
 	make_tag(&tag, key, len);
-	read_version(&tag, &v);
+	read_version(&tag, &v, false);
 	*lease = v.lease;
 }
 
@@ -342,7 +390,7 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 	HTAB	   *o;
 
 	make_tag(&tag, key, len);
-	read_version(&tag, &v);
+	read_version(&tag, &v, !meta);
 
 	/* reserve the shared entry, so that the commit cannot run out of room */
 	if (!v.lease.found && my_change(&tag) == NULL)
@@ -376,7 +424,8 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 	c->tag = tag;
 	c->subid = GetCurrentSubTransactionId();
 	c->created = created;
-	memcpy(&c->v, &v, sizeof(MemVersion));
+	if (!meta)
+		memcpy(&c->v, &v, sizeof(MemVersion));	/* keep holder and grantor */
 	c->v.lease = *lease;
 	if (meta)
 	{
@@ -574,7 +623,7 @@ dlock_mem_scan(void)
 			{
 				MemVersion	v;
 
-				read_shared(&l->tag, &v);
+				read_shared(&l->tag, &v, true);
 				if (v.lease.found)
 					rows = lappend(rows, make_row(&l->tag, &v));
 			}
