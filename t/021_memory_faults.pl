@@ -1,0 +1,792 @@
+# Memory mode (dlock.storage = memory) under the fault tools of issue 9: the
+# chaos checker and the kill -9 loop, on servers configured as in t/013 and
+# t/014 plus shared_preload_libraries = 'dlock', dlock.storage = memory and
+# dlock.horizon_margin = 500ms (so that the wait after each crash, until the
+# horizon, stays under about a second).
+#
+# 1. dlock-chaos (chaos/README.md) for 30 s with seed 42, crash-restarts
+#    included (a crash every 2.5-7.5 s, more often than t/013's 4-12 s:
+#    each one drops every lease): exit 0, no violation, and counts
+#    showing that the faults really happened (grants, takeovers, accepted
+#    writes, refused stale writes, pauses, SIGSTOPs, backend terminations,
+#    crash-restarts) and that accepted writes were checked against the
+#    server's expires_at.  After each crash the leases are gone and every
+#    key is held by an unknown owner until the horizon: the workers' grants
+#    come back empty (or acquire ends with 55P03) and their fenced writes
+#    with the old tokens are refused, which the checker must accept without
+#    a violation.  The checker is not vacuous in memory mode either: a run
+#    with --no-fence and one with --sabotage=setval (dlock.fence_seq set
+#    back mid-run) must exit 1 with their violations.
+#
+#    The chaos checker judges writes, not grants: in memory mode a crash
+#    drops every lease, so the fencing trigger refuses the old holders'
+#    writes whatever the horizon does.  The horizon (no key granted to
+#    anyone before every lease granted before the crash could have ended)
+#    is what part 2 checks.
+#
+# 2. The kill -9 loop of t/014, 60 cycles (DLOCK_KILL9_CYCLES), with the
+#    same four kinds of psql clients (A: autocommit with synchronous_commit
+#    on, B: the same with it off, O: one transaction of grants that never
+#    commits, X: short transaction blocks ending in COMMIT or ROLLBACK) and
+#    the same kills (the postmaster, or a random child of it).  The clients
+#    keep each lease's owner in a session variable (dlock.leases is empty in
+#    memory mode) to renew and release it.  Shared keys get TTLs of 20-300
+#    ms; keys of their own (t/014's hour-long leases) 100-600 ms, since
+#    after a crash no key is granted before every lease could have ended.
+#    After every restart a probe tries, again and again, to grant 'probe',
+#    every key of its own acknowledged before the kill and every shared key
+#    with an acknowledged lease, until it gets them all; then:
+#
+#    * tokens: every token granted after the restart (by the probe and by
+#      the next cycle's clients) is greater than every token any client
+#      received before it (t/014's check, unchanged);
+#    * exclusion: no key is granted before the end (by the server's clock:
+#      the expires_at of its last acknowledged grant or renewal) of any
+#      lease of it that a client in autocommit mode (A, B: synchronous
+#      commit on or off alike, since memory mode makes the horizon, not the
+#      commit, durable) had acknowledged and not released.  And, as
+#      memory mode promises, no key at all is granted before the latest of
+#      those ends (the horizon covers every key of the database).  (A
+#      renewal or release in flight at the kill may have ended a lease
+#      earlier than its client saw; it cannot have moved the horizon back,
+#      so after a crash the acknowledged end still holds);
+#    * the acknowledged leases of their own are gone after the restart:
+#      their owners' renewals return NULL (README: leases do not survive a
+#      restart), where t/014 expects them to still be held;
+#    * grants resume: the probe gets every key, and its first grant comes
+#      at the latest 1 s after (the moment the old server's last process
+#      was gone + the longest TTL + dlock.horizon_margin) or after its first
+#      try, whichever is later.
+#
+#    The exclusion checks are not vacuous: more cycles (until both fired,
+#    at most 10; usually one) in which the probe first sets
+#    dlock.horizon_seq back to 0 (before the first use of memory mode after
+#    the restart, which reads it) must report keys granted before their
+#    acknowledged leases' ends.
+#
+#    And over the whole run: no client got an internal error (XX000), the
+#    server log has no PANIC, no assertion failure and no process killed by
+#    a signal other than the test's SIGKILLs; the horizon really made the
+#    probe wait (some tries refused every key while acknowledged leases
+#    were live); O clients drew tokens; both kinds of kill happened.
+#
+# About 100 s on 2 shared cores: 41 s for part 1, 59 s for part 2 (about
+# 0.9 s per cycle, most of it from the kill until the horizon passed).
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IPC::Run;
+use Time::HiRes qw(time usleep);
+use POSIX ();
+use Cwd ();
+use List::Util qw(min max);
+
+my $margin_ms = 500;
+my $memory_conf = qq{
+shared_preload_libraries = 'dlock'
+dlock.storage = memory
+dlock.horizon_margin = '${margin_ms}ms'
+};
+
+my $t_start = time();
+
+#
+# Part 1: the chaos checker.
+#
+my $prog = "$ENV{TESTDIR}/chaos/dlock-chaos";
+system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
+
+my $node = PostgreSQL::Test::Cluster->new('chaos_mem');
+$node->init;
+# As in t/013: fsync on, and the postmaster resets the cluster after a
+# backend's SIGKILL.
+$node->append_conf('postgresql.conf',
+	"fsync = on\nrestart_after_crash = on\n" . $memory_conf);
+$node->start;
+my $bindir = $node->config_data('--bindir');
+is($node->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'chaos server: memory mode');
+$node->safe_psql('postgres', 'CREATE EXTENSION dlock');
+
+# Run dlock-chaos with @args; return (exit status, stdout, stderr, counts).
+sub chaos
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	my @cmd = (
+		$prog, '-h', $node->host, '-p', $node->port, '-d', 'postgres',
+		'--logdir' => PostgreSQL::Test::Utils::tempdir, @args);
+	note "running: @cmd";
+	IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout(600));
+	my $rc = $? >> 8;
+	my %c;
+	%c = $1 =~ /(\w+)=(\d+)/g if $out =~ /^dlock-chaos: counts: (.*)$/m;
+	note $out;
+	note $err if $err ne '';
+	return ($rc, $out, $err, \%c);
+}
+
+my @crash = (
+	'--pgdata' => $node->data_dir,
+	'--pg-ctl' => "$bindir/pg_ctl",
+	'--server-log' => $node->logfile,
+	'--crash-every' => 5);
+
+{
+	my $seed = 42;
+	my $t0 = time();
+	my ($rc, $out, $err, $c) = chaos(
+		'--duration' => 30,
+		'--workers' => 8,
+		'--keys' => 4,
+		'--seed' => $seed,
+		@crash);
+	note sprintf('chaos run: %.1f s', time() - $t0);
+	is($rc, 0, "memory mode, seed $seed: dlock-chaos exits 0")
+	  or diag "seed $seed:\n$out\n$err";
+	is($c->{violations}, 0, "memory mode, seed $seed: no violation");
+	foreach my $count (
+		qw(grants takeovers accepted_writes stale_writes_refused pauses
+		sigstops backend_kills crash_restarts))
+	{
+		cmp_ok($c->{$count} // 0, '>', 0, "memory mode, seed $seed: $count > 0");
+	}
+	cmp_ok($c->{stale_writes_refused} // 0, '<=', $c->{stale_writes} // 0,
+		"memory mode, seed $seed: no more stale writes refused than attempted");
+	like($out, qr/checked against the server's expires_at: [1-9]/,
+		"memory mode, seed $seed: accepted writes checked by the server's clock");
+}
+
+# The server is up, still in memory mode, after the last crash-restart; the
+# leases were never written to the table.
+$node->_update_pid(1);
+is($node->safe_psql('postgres', 'SHOW dlock.storage'), 'memory',
+	'server up after the run, in memory mode');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM dlock.leases'), '0',
+	'dlock.leases stayed empty');
+
+# Not vacuous in memory mode: without the fencing trigger the workload is
+# caught, and so are tokens drawn again after the sequence is set back.
+{
+	my ($rc, $out, $err, $c) = chaos(
+		'--duration' => 6,
+		'--workers' => 8,
+		'--keys' => 2,
+		'--seed' => 7,
+		'--no-fence');
+	is($rc, 1, 'memory mode, without fencing: dlock-chaos exits 1');
+	cmp_ok($c->{violations} // 0, '>', 0, 'memory mode, without fencing: violations reported');
+	like($out, qr/violations: write accepted after its lease expired: [1-9]/,
+		'memory mode, without fencing: writes accepted after their lease expired reported');
+	like(
+		$out,
+		qr/violations: (lost update \(duplicate value\)|write accepted under a superseded lease): [1-9]/,
+		'memory mode, without fencing: lost updates or writes under a superseded lease reported');
+}
+{
+	my ($rc, $out, $err, $c) = chaos(
+		'--duration' => 4,
+		'--workers' => 2,
+		'--keys' => 4,
+		'--sabotage' => 'setval');
+	is($rc, 1, 'memory mode, sabotage setval: dlock-chaos exits 1')
+	  or diag "sabotage setval:\n$out\n$err";
+	like($out, qr/^dlock-chaos: violations: \Q$_\E: [1-9]/m,
+		"memory mode, sabotage setval: \"$_\" reported")
+	  foreach ('token reissued',
+		'token not larger than an earlier acknowledged grant\'s');
+}
+$node->stop;
+note sprintf('part 1 (chaos): %.1f s', time() - $t_start);
+
+#
+# Part 2: the kill -9 loop.
+#
+my $t_part2 = time();
+my $cycles = $ENV{DLOCK_KILL9_CYCLES} // 60;
+my $seed = $ENV{DLOCK_KILL9_SEED} // (time() * 1000 + $$) % 1000000;
+srand($seed);
+note "cycles: $cycles, seed: $seed (DLOCK_KILL9_SEED=$seed reproduces the choices)";
+
+my $nclients = 4;
+my $nkeys = 50;
+my $script_len = 3000;
+my @shared_ttl = (20, 300);    # ms
+my @own_ttl = (100, 600);      # ms
+my $max_ttl_ms = max($shared_ttl[1], $own_ttl[1]);
+
+my $kn = PostgreSQL::Test::Cluster->new('kill9_mem');
+$kn->init;
+# As in t/014, plus memory mode.
+$kn->append_conf('postgresql.conf', q{
+fsync = on
+wal_writer_delay = 10s
+restart_after_crash = on
+shared_buffers = 8MB
+wal_buffers = 4MB
+max_connections = 20
+autovacuum = off
+log_min_messages = warning
+log_statement = none
+recovery_init_sync_method = syncfs
+log_connections = off
+log_disconnections = off
+} . $memory_conf);
+$bindir = $kn->config_data('--bindir');
+start_postmaster();
+$kn->safe_psql('postgres', 'CREATE EXTENSION dlock');
+is($kn->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'kill -9 server: memory mode');
+
+my $dir = PostgreSQL::Test::Utils::tempdir;
+my @psql = ("$bindir/psql", '-X', '-A', '-t', '-q', '-d', $kn->connstr('postgres'));
+
+# Figures.
+my %kills = (postmaster => 0, backend => 0, other => 0);
+my ($grants, $checked, $token_violations) = (0, 0, 0);
+my ($keys_checked, $keys_live, $excl_violations, $horizon_violations) = (0, 0, 0, 0);
+my ($own_checked, $own_renewed) = (0, 0);
+my ($tries, $tries_refused, $cycles_waited, $late_cycles) = (0, 0, 0, 0);
+my @waits;    # per cycle: ms from the kill to the probe's first grant
+my $orphans_killed = 0;
+my %grants_by_kind;
+my @violation_examples;
+my %errors;    # SQLSTATE => how many times clients got it
+
+# The largest token any client has received so far.
+my $max_received = 0;
+
+# Children of process $ppid, from /proc: pid => command line.
+sub children_of
+{
+	my ($ppid) = @_;
+	my %kids;
+	opendir(my $d, '/proc') or die "cannot read /proc: $!";
+	foreach my $pid (grep { /^\d+$/ } readdir($d))
+	{
+		open(my $f, '<', "/proc/$pid/stat") or next;
+		my $stat = <$f>;
+		close($f);
+		next unless defined $stat && $stat =~ /\) (\S) (\d+) /;
+		next unless $2 == $ppid && $1 ne 'Z';
+		my $cmd = '';
+		if (open(my $c, '<', "/proc/$pid/cmdline"))
+		{
+			local $/;
+			$cmd = <$c> // '';
+			close($c);
+		}
+		$kids{$pid} = $cmd;
+	}
+	closedir($d);
+	return \%kids;
+}
+
+# Processes (not zombies) whose working directory is the data directory.
+sub server_processes
+{
+	my $pgdata = Cwd::realpath($kn->data_dir);
+	my @pids;
+	opendir(my $d, '/proc') or die "cannot read /proc: $!";
+	foreach my $pid (grep { /^\d+$/ } readdir($d))
+	{
+		my $cwd = readlink("/proc/$pid/cwd");
+		push @pids, $pid if defined $cwd && $cwd eq $pgdata && !gone($pid);
+	}
+	closedir($d);
+	return @pids;
+}
+
+# Is process $pid gone (or a zombie)?
+sub gone
+{
+	my ($pid) = @_;
+	open(my $f, '<', "/proc/$pid/stat") or return 1;
+	my $stat = <$f>;
+	close($f);
+	return !defined $stat || $stat =~ /\) Z /;
+}
+
+# Wait until every process in @pids is gone; after $limit seconds kill -9
+# the ones left.  Returns how many had to be killed.
+sub wait_gone
+{
+	my ($limit, @pids) = @_;
+	my $deadline = time() + $limit;
+	while (grep { !gone($_) } @pids)
+	{
+		if (time() > $deadline)
+		{
+			my @left = grep { !gone($_) } @pids;
+			kill 'KILL', @left;
+			usleep(10_000) while grep { !gone($_) } @left;
+			return scalar @left;
+		}
+		usleep(2_000);
+	}
+	return 0;
+}
+
+# Start @cmd with stdout and stderr going to files; return its pid.
+sub spawn
+{
+	my ($out, $err, @cmd) = @_;
+	my $pid = fork();
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open(STDIN, '<', '/dev/null') or POSIX::_exit(126);
+		open(STDOUT, '>>', $out) or POSIX::_exit(126);
+		open(STDERR, '>>', $err) or POSIX::_exit(126);
+		exec(@cmd) or POSIX::_exit(127);
+	}
+	return $pid;
+}
+
+# Start the postmaster as a child of this script (see t/014) and wait until
+# it accepts connections.
+sub start_postmaster
+{
+	my $pid = spawn($kn->logfile, $kn->logfile,
+		"$bindir/postgres", '-D', $kn->data_dir, '--cluster-name=kill9_mem');
+	$kn->{_pid} = $pid;
+	wait_ready();
+	return $pid;
+}
+
+# Wait until postmaster.pid says that the server accepts connections.
+sub wait_ready
+{
+	my $pid = $kn->{_pid};
+	my $deadline = time() + 180;
+	while (1)
+	{
+		if (open(my $f, '<', $kn->data_dir . '/postmaster.pid'))
+		{
+			my @l = <$f>;
+			close($f);
+			return if @l >= 8 && $l[0] == $pid && $l[7] =~ /^ready/;
+		}
+		die "the server did not start, see " . $kn->logfile
+		  if time() > $deadline || waitpid($pid, POSIX::WNOHANG()) == $pid;
+		usleep(2_000);
+	}
+}
+
+# SQL for a lease's expires_at in microseconds since the Unix epoch.
+sub us { return "(extract(epoch FROM $_[0]) * 1000000)::bigint" }
+
+# A client's script of kind $kind (see t/014).  Output lines:
+#   g|key|fence|end     a grant of a shared key (or, for O, a key of its own)
+#   r|key|fence|end     a renewal (end empty: lost)
+#   x|key|fence|t/f     a release
+#   L|key|owner|fence|end  a grant of a key of its own
+# where end is the lease's expires_at in microseconds since the epoch.  The
+# owner and token of the client's latest grant of a shared key k are kept
+# in the session variable dlock_t.k ("owner token"); set_config() in a
+# transaction is undone by its rollback, like the grant.
+sub client_script
+{
+	my ($kind) = @_;
+	my @s;
+	my $n = 0;
+	my $shared = sub {
+		my $key = 'k' . int(rand($nkeys));
+		my $ttl = ($shared_ttl[0] + int(rand($shared_ttl[1] - $shared_ttl[0]))) . ' ms';
+		my $r = rand();
+		my $keep = "substr(set_config('dlock_t.$key', owner::text || ' ' || fence, false), 1, 0)";
+		my $mine = "FROM current_setting('dlock_t.$key', true) AS v WHERE v <> ''";
+		if ($r < 0.70)
+		{
+			return "SELECT 'g', key, fence || '|' || " . us('expires_at') . " || $keep FROM dlock.try_acquire('$key', '$ttl', holder => :'c');";
+		}
+		elsif ($r < 0.78)
+		{
+			return "SELECT 'g', key, fence || '|' || " . us('expires_at') . " || $keep FROM dlock.acquire('$key', '$ttl', wait => '5 ms', holder => :'c');";
+		}
+		elsif ($r < 0.90)
+		{
+			return "SELECT 'r', '$key', split_part(v, ' ', 2) || '|' || coalesce(" . us("dlock.renew('$key', split_part(v, ' ', 1)::uuid, '$ttl')") . "::text, '') $mine;";
+		}
+		else
+		{
+			return "SELECT 'x', '$key', split_part(v, ' ', 2) || '|' || dlock.release('$key', split_part(v, ' ', 1)::uuid) $mine;";
+		}
+	};
+
+	push @s, '\\set VERBOSITY sqlstate';
+	push @s, 'SET synchronous_commit = ' . ($kind eq 'A' ? 'on' : 'off') . ';';
+	if ($kind eq 'A' || $kind eq 'B')
+	{
+		while (@s < $script_len)
+		{
+			if (rand() < 0.05)
+			{
+				$n++;
+				my $ttl = ($own_ttl[0] + int(rand($own_ttl[1] - $own_ttl[0]))) . ' ms';
+				push @s,
+				  "SELECT 'L', key, owner, fence || '|' || " . us('expires_at') . " FROM dlock.try_acquire('L' || :'cycle' || :'c' || '-$n', '$ttl', holder => :'c');";
+			}
+			else
+			{
+				push @s, $shared->();
+			}
+		}
+	}
+	elsif ($kind eq 'O')
+	{
+		push @s, 'BEGIN;';
+		while (@s < $script_len)
+		{
+			my $j = int(rand(40));
+			push @s,
+			  "SELECT 'g', key, fence || '|' || " . us('expires_at') . " FROM dlock.try_acquire('T' || :'c' || '-$j', '1 ms', holder => :'c');";
+		}
+	}
+	else
+	{
+		while (@s < $script_len)
+		{
+			push @s, 'BEGIN;';
+			push @s, $shared->() foreach 1 .. 1 + int(rand(4));
+			push @s, rand() < 0.7 ? 'COMMIT;' : 'ROLLBACK;';
+		}
+	}
+	return join("\n", @s) . "\n";
+}
+
+my %scripts;
+foreach my $kind (qw(A B O X))
+{
+	foreach my $i (1 .. 4)
+	{
+		my $file = "$dir/$kind$i.sql";
+		open(my $f, '>', $file) or die "cannot write $file: $!";
+		print $f client_script($kind);
+		close($f);
+		push @{ $scripts{$kind} }, $file;
+	}
+}
+
+# Tokens in a client's output; with $leases (autocommit clients only), the
+# acknowledged leases too: "key|fence" => end (us), deleted when released;
+# with $own, the leases of its own keys: [ key, owner, end ].
+sub parse_output
+{
+	my ($out, $tokens, $leases, $own) = @_;
+	foreach my $line (split /\n/, $out)
+	{
+		if ($line =~ /^g\|([^|]*)\|(\d+)\|(\d+)$/)
+		{
+			push @$tokens, $2;
+			$leases->{"$1|$2"} = $3 if $leases;
+		}
+		elsif ($line =~ /^L\|([^|]*)\|([0-9a-f-]{36})\|(\d+)\|(\d+)$/)
+		{
+			push @$tokens, $3;
+			$leases->{"$1|$3"} = $4 if $leases;
+			push @$own, [ $1, $2, $4 ] if $own;
+		}
+		elsif ($leases && $line =~ /^r\|([^|]*)\|(\d+)\|(\d+)$/)
+		{
+			# a renewal sets the end (it may also move it earlier)
+			$leases->{"$1|$2"} = $3 if exists $leases->{"$1|$2"};
+		}
+		elsif ($leases && $line =~ /^x\|([^|]*)\|(\d+)\|t$/)
+		{
+			delete $leases->{"$1|$2"};
+		}
+	}
+	return;
+}
+
+# Check tokens granted after a restart against everything received before.
+sub check_tokens
+{
+	my ($what, @tokens) = @_;
+	foreach my $t (@tokens)
+	{
+		$checked++;
+		next if $t > $max_received;
+		$token_violations++;
+		push @violation_examples, "$what: token $t <= $max_received received before the restart"
+		  if @violation_examples < 10;
+	}
+	return;
+}
+
+my $loop_start = time();
+my $restart_time = 0;    # from the kill until the checks after the restart
+my $probe_blocks = 1500;    # tries, 10 ms apart at least, before giving up
+
+# One cycle: clients, a kill, the restart, the probe and its checks.  With
+# $sabotage, the probe first sets dlock.horizon_seq back to 0 (before any
+# use of memory mode after the restart, which reads it): the checks must
+# then see keys granted before their leases' ends.
+sub cycle
+{
+	my ($cycle, $sabotage) = @_;
+	my (@h, @kinds);
+	for my $c (0 .. $nclients - 1)
+	{
+		my $kind = (qw(A B O X))[ int(rand(4)) ];
+		push @kinds, $kind;
+		my $script = $scripts{$kind}[ int(rand(@{ $scripts{$kind} })) ];
+		unlink "$dir/c$c.out", "$dir/c$c.err";
+		push @h,
+		  spawn("$dir/c$c.out", "$dir/c$c.err", @psql,
+			'-v', "c=c$c", '-v', "cycle=$cycle-", '-f', $script);
+	}
+
+	usleep(10_000 + int(rand(140_000)));
+
+	# Kill (as in t/014).
+	my $t0 = time();
+	my $pm = $kn->{_pid};
+	if (rand() < 0.5)
+	{
+		$kills{postmaster}++;
+		kill 'KILL', $pm;
+		waitpid($pm, 0);
+		$kn->{_pid} = undef;
+		$orphans_killed += wait_gone(10, server_processes());
+	}
+	else
+	{
+		my $kids = children_of($pm);
+		my $deadline = time() + 5;
+		while (time() < $deadline)
+		{
+			my $conns = grep { /\[local\]/ } values %$kids;
+			last if $conns >= $nclients;
+			usleep(5_000);
+			$kids = children_of($pm);
+		}
+		my @all = keys %$kids;
+		my @clients = grep { $kids->{$_} =~ /\[local\]/ } @all;
+		my $victim;
+		if (@clients && rand() < 0.75)
+		{
+			$victim = $clients[ int(rand(@clients)) ];
+			$kills{backend}++;
+		}
+		else
+		{
+			$victim = $all[ int(rand(@all)) ];
+			$kills{other}++;
+		}
+		kill 'KILL', $victim;
+		$orphans_killed += wait_gone(30, @all);
+	}
+	# Every process of the old server is gone: nothing was granted after.
+	my $t_gone = time();
+
+	waitpid($_, 0) foreach @h;
+	my (@tokens, %leases, @own);
+	for my $c (0 .. $nclients - 1)
+	{
+		my $out = slurp_file("$dir/c$c.out");
+		foreach (split /\n/, slurp_file("$dir/c$c.err"))
+		{
+			$errors{$1}++ if /(?:ERROR|FATAL|PANIC):  ([0-9A-Z]{5})$/;
+		}
+		my $n = @tokens;
+		my $auto = $kinds[$c] eq 'A' || $kinds[$c] eq 'B';
+		parse_output($out, \@tokens, $auto ? \%leases : undef, $auto ? \@own : undef);
+		$grants_by_kind{ $kinds[$c] } += @tokens - $n;
+	}
+	$grants += @tokens;
+	check_tokens("cycle $cycle clients", @tokens) if $cycle > 1;
+	foreach (@tokens) { $max_received = $_ if $_ > $max_received }
+
+	# The end of the acknowledged, unreleased leases, per key and overall.
+	my %end;
+	foreach my $kf (keys %leases)
+	{
+		my ($k) = split /\|/, $kf;
+		$end{$k} = max($end{$k} // 0, $leases{$kf});
+	}
+	my $latest_end = max(0, values %end);
+
+	start_postmaster() unless defined $kn->{_pid};
+
+	# The probe: the renewals of the acknowledged leases of their own (gone
+	# with the restart), then tries to grant every key with an acknowledged
+	# lease and 'probe' for 1 ms, until it gets them all.
+	my @probe_keys = ('probe', sort keys %end);
+	my $sql = "\\set ON_ERROR_STOP 1\n";
+	$sql .= "SELECT setval('dlock.horizon_seq', 0) \\gset\n" if $sabotage;
+	if (@own)
+	{
+		$sql .=
+		  "SELECT 'renewed', k FROM (VALUES "
+		  . join(', ', map { "('$_->[0]', '$_->[1]'::uuid)" } @own)
+		  . ") AS v(k, o) WHERE dlock.renew(k, o, '1 ms') IS NOT NULL;\n";
+	}
+	$sql .= "\\set keys '{" . join(',', @probe_keys) . "}'\n";
+	my $block =
+	    "WITH g AS (SELECT k, l.fence, " . us('l.expires_at') . " AS e"
+	  . " FROM unnest(:'keys'::text[]) AS k, LATERAL dlock.try_acquire(k, '1 ms') AS l)"
+	  . " SELECT coalesce(string_agg(format('g|%s|%s|%s', k, fence, e), E'\\n'), '') AS lines,"
+	  . " count(*) AS n, count(*) = " . scalar(@probe_keys) . " AS done,"
+	  . " " . us('clock_timestamp()') . " AS at FROM g \\gset\n"
+	  . "\\echo a|:at|:n\n\\echo :lines\n\\if :done\n\\echo done\n\\q\n\\endif\n"
+	  . "SELECT pg_sleep(0.01) \\gset\n";
+	$sql .= $block x $probe_blocks;
+	my $vsql = "$dir/verify.sql";
+	open(my $f, '>', $vsql) or die "cannot write $vsql: $!";
+	print $f $sql;
+	close($f);
+	my $out;
+	my $deadline = time() + 60;
+	while (1)
+	{
+		wait_ready();
+		unlink "$dir/verify.out", "$dir/verify.err";
+		my $pid = spawn("$dir/verify.out", "$dir/verify.err", @psql, '-f', $vsql);
+		waitpid($pid, 0);
+		my $rc = $?;
+		$out = slurp_file("$dir/verify.out");
+		last if $rc == 0;
+		# Not yet accepting connections (the postmaster is resetting)?
+		die "verification failed: " . slurp_file("$dir/verify.err")
+		  if time() > $deadline || $out ne '';
+		usleep(5_000);
+	}
+	$restart_time += time() - $t0;
+	die "cycle $cycle: grants did not resume after $probe_blocks tries:\n"
+	  . substr($out, -2000)
+	  unless $out =~ /^done$/m;
+
+	# The probe's grants, and its tries.
+	my (@probe_tokens, $first_grant, $first_try, @tries);
+	foreach my $line (split /\n/, $out)
+	{
+		if ($line =~ /^a\|(\d+)\|(\d+)$/)
+		{
+			push @tries, [ $1, $2 ];
+		}
+		elsif ($line =~ /^g\|([^|]*)\|(\d+)\|(\d+)$/)
+		{
+			my ($k, $fence, $e) = ($1, $2, $3);
+			my $granted = $e - 1000;    # its TTL: 1 ms
+			push @probe_tokens, $fence;
+			$first_grant = $granted if !defined $first_grant || $granted < $first_grant;
+			next unless exists $end{$k};
+			$keys_checked++;
+			if ($granted < $end{$k})
+			{
+				$excl_violations++;
+				push @violation_examples,
+				  sprintf('cycle %d: key %s granted %.3f ms before the end of its acknowledged lease',
+					$cycle, $k, ($end{$k} - $granted) / 1000)
+				  if @violation_examples < 20;
+			}
+		}
+		elsif ($line =~ /^renewed\|(.*)$/)
+		{
+			$own_renewed++;
+			push @violation_examples, "cycle $cycle: lease of $1 renewed by its owner after the restart"
+			  if @violation_examples < 20;
+		}
+	}
+	$own_checked += @own;
+	check_tokens("cycle $cycle probe", @probe_tokens);
+	foreach (@probe_tokens) { $max_received = $_ if $_ > $max_received }
+
+	$first_try = $tries[0][0];
+	if (defined $first_grant && $first_grant < $latest_end)
+	{
+		$horizon_violations++;
+		push @violation_examples,
+		  sprintf('cycle %d: a key granted %.3f ms before the end of the latest acknowledged lease',
+			$cycle, ($latest_end - $first_grant) / 1000)
+		  if @violation_examples < 20;
+	}
+	$keys_live += grep { $_ > $first_try } values %end;
+	$tries += @tries;
+	my $refused = grep { $_->[1] == 0 } @tries;
+	$tries_refused += $refused;
+	$cycles_waited++ if $refused > 0 && $latest_end > $first_try;
+	push @waits, ($first_grant - $t0 * 1e6) / 1000;
+	# Grants resume in time: by the horizon's bound (every lease granted
+	# before the old server's last process was gone ended by then + the
+	# longest TTL, and the horizon is at most dlock.horizon_margin later),
+	# or at the first try if that was later; 1 s of slack for the tries'
+	# pace on a loaded machine.
+	my $bound = max($first_try, ($t_gone * 1000 + $max_ttl_ms + $margin_ms) * 1000) + 1e6;
+	if ($first_grant > $bound)
+	{
+		$late_cycles++;
+		push @violation_examples,
+		  sprintf('cycle %d: first grant %.0f ms after the kill, %.0f ms past the bound',
+			$cycle, ($first_grant - $t0 * 1e6) / 1000, ($first_grant - $bound) / 1000)
+		  if @violation_examples < 20;
+	}
+	return;
+}
+
+cycle($_, 0) foreach 1 .. $cycles;
+my $elapsed = time() - $loop_start;
+
+note sprintf('%d cycles in %.1f s (%.0f ms per cycle, of which %.0f ms from the kill until the probe got every key)',
+	$cycles, $elapsed, 1000 * $elapsed / $cycles, 1000 * $restart_time / $cycles);
+note "kills: $kills{postmaster} of the postmaster, $kills{backend} of a client backend, $kills{other} of another child; $orphans_killed server processes still there 10 s (30 s after a reset) after the kill, killed too";
+note "tokens received: $grants (by client kind: "
+  . join(', ', map { "$_ $grants_by_kind{$_}" } sort keys %grants_by_kind) . ')';
+note "tokens checked against every token received before the last restart: $checked, violations: $token_violations";
+note "keys with an acknowledged lease granted again after a restart: $keys_checked (of which $keys_live still live at the probe's first try), granted before their lease's end: $excl_violations; cycles with a key granted before the latest acknowledged lease's end: $horizon_violations";
+note "probe tries: $tries, of which $tries_refused got no key; cycles where the horizon made the probe wait: $cycles_waited";
+note sprintf('from the kill to the first grant after the restart: min %.0f ms, average %.0f ms, max %.0f ms; cycles past the bound: %d',
+	min(@waits), (List::Util::sum(@waits) / @waits), max(@waits), $late_cycles);
+note "acknowledged leases of their own renewed after a restart: $own_renewed of $own_checked";
+note 'errors the clients got, by SQLSTATE: '
+  . join(', ', map { "$_ $errors{$_}" } sort keys %errors);
+note $_ foreach @violation_examples;
+
+is($token_violations, 0,
+	"memory mode: tokens after every restart > every token received before ($cycles cycles, $checked checks)");
+is($excl_violations, 0,
+	"memory mode: no key granted after a restart before the end of its acknowledged lease ($keys_checked keys, $keys_live still live)");
+is($horizon_violations, 0,
+	'memory mode: no key granted after a restart before the latest acknowledged lease ended (the horizon)');
+is($own_renewed, 0,
+	"memory mode: acknowledged leases are gone after a restart, their owners' renewals return NULL ($own_checked leases)");
+is($late_cycles, 0, 'memory mode: grants resume by the horizon after every restart');
+my $log = slurp_file($kn->logfile);
+my @bad = grep { /PANIC|TRAP:|terminated by signal (?!9:)/ } split /\n/, $log;
+note $_ foreach @bad[ 0 .. ($#bad < 9 ? $#bad : 9) ];
+ok(!(grep { /^XX/ } keys %errors) && !@bad,
+	'no internal error (XX...) in any client, no PANIC, TRAP or unexpected signal in the server log');
+# The test tested something: the horizon made the probe wait while
+# acknowledged leases were live, clients drew tokens in open transactions,
+# and both kinds of kill happened.
+cmp_ok($cycles_waited, '>', 0, 'the probe was refused every key until the horizon in some cycles');
+cmp_ok($keys_live, '>', 0, 'some acknowledged leases were still live when the server came back');
+cmp_ok($grants_by_kind{O} // 0, '>', 0, 'clients drew tokens in transactions that never committed');
+ok($kills{postmaster} > 0 && $kills{backend} + $kills{other} > 0,
+	'both the postmaster and backends were killed');
+
+# Not vacuous: with the horizon set back after each restart, keys are granted
+# before their acknowledged leases' ends, and the checks say so.
+@violation_examples = ();
+($excl_violations, $horizon_violations, $keys_checked) = (0, 0, 0);
+# (Until both checks fired, at most 10 cycles: a cycle whose restart took
+# longer than its leases shows nothing.)
+my $sabotaged = 0;
+while ($sabotaged < 10 && !($excl_violations && $horizon_violations))
+{
+	$sabotaged++;
+	cycle($cycles + $sabotaged, 1);
+}
+note "$sabotaged sabotaged cycles (horizon set back): keys granted before their lease's end: $excl_violations of $keys_checked; cycles with a key granted before the latest lease's end: $horizon_violations";
+note $_ foreach @violation_examples;
+cmp_ok($excl_violations, '>', 0,
+	'horizon set back: keys granted before the end of their acknowledged lease reported');
+cmp_ok($horizon_violations, '>', 0,
+	'horizon set back: grants before the latest acknowledged lease ended reported');
+
+$kn->stop;
+note sprintf('part 2 (kill -9): %.1f s; total %.1f s', time() - $t_part2, time() - $t_start);
+done_testing();
