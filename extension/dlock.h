@@ -198,7 +198,8 @@ extern void dlock_mem_subxact_abort(SubTransactionId subid);
 extern bool dlock_mem_db_get(Oid seq, TimestampTz *barrier,
 							 TimestampTz *horizon, pg_uuid_t *unknown_owner);
 extern void dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon);
-extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon);
+extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon,
+								 bool barrier_too);
 
 /* shmem.c */
 typedef enum DlockEvent

@@ -149,7 +149,10 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 	}
 	if (!dlock_storage_grant(key, now, now + ttl, hold_limit, opts, lease))
 	{
-		/* a prune() that deleted the key's row has not committed yet */
+		/*
+		 * A prune() that deleted the key's row has not committed yet; or,
+		 * in memory mode, a restore moved the database's barrier.
+		 */
 		dlock_unlock_grant(k, len);
 		return GRANT_BUSY;
 	}

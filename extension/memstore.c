@@ -370,6 +370,69 @@ dlock_mem_read(const char *key, int len, DlockLease *lease)
 	*lease = v.lease;
 }
 
+static bool reclaim_dropped_databases(void);
+
+#define MEM_EVICT_BATCH		256
+
+/*
+ * The hash is full: free what can go without changing what any lease
+ * means, and return whether anything was freed.  First the entries of
+ * dropped databases; then up to MEM_EVICT_BATCH entries of this database
+ * whose lease was released or expired (no lock delay running), each
+ * deleted as prune() would, under the key's grant lock taken without
+ * waiting (so never one that a transaction in flight is changing).  Like
+ * prune(), this loses such a key's history for the monotonic fencing mode.
+ */
+static bool
+make_room(void)
+{
+	HASH_SEQ_STATUS status;
+	MemEntry   *e;
+	MemTag	   *cand;
+	int			ncand = 0;
+	int			freed = 0;
+	TimestampTz now = GetCurrentTimestamp();
+	int			i;
+
+	if (reclaim_dropped_databases())
+		return true;
+
+	cand = palloc(sizeof(MemTag) * MEM_EVICT_BATCH);
+	for (i = 0; i < MEM_PARTITIONS; i++)
+		LWLockAcquire(mem->partitions[i], LW_SHARED);
+	hash_seq_init(&status, mem_htab);
+	while ((e = hash_seq_search(&status)) != NULL)
+	{
+		if (e->tag.db == MyDatabaseId && e->v.lease.found &&
+			e->v.lease.expires_at < now &&
+			!(e->v.lease.held && e->v.lease.lock_delay > 0 &&
+			  now < e->v.lease.expires_at + e->v.lease.lock_delay))
+		{
+			cand[ncand++] = e->tag;
+			if (ncand == MEM_EVICT_BATCH)
+			{
+				hash_seq_term(&status);
+				break;
+			}
+		}
+	}
+	for (i = MEM_PARTITIONS - 1; i >= 0; i--)
+		LWLockRelease(mem->partitions[i]);
+
+	for (i = 0; i < ncand; i++)
+	{
+		int			len = strlen(cand[i].key);
+
+		if (!dlock_lock_for_grant(cand[i].key, len))
+			continue;
+		if (dlock_mem_delete_old(cand[i].key, len, now, false))
+			freed++;
+		dlock_unlock_grant(cand[i].key, len);
+	}
+	pfree(cand);
+	return freed > 0;
+}
+
 /*
  * Record a change of key to *lease (with the holder and the grantor's
  * details when meta is set, else keeping the current ones) in this
@@ -399,24 +462,31 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 		LWLock	   *lock = partition_lock(hashcode);
 		MemEntry   *e;
 
-		LWLockAcquire(lock, LW_EXCLUSIVE);
-		e = hash_search_with_hash_value(mem_htab, &tag, hashcode,
-										HASH_ENTER_NULL, &found);
-		if (e != NULL && !found)
+		int			attempt;
+
+		for (attempt = 0; attempt < 2; attempt++)
 		{
-			memset(&e->v, 0, sizeof(MemVersion));
-			e->v.lease.hold_limit = DT_NOEND;
-			e->v.holder_len = -1;
-			created = true;
+			LWLockAcquire(lock, LW_EXCLUSIVE);
+			e = hash_search_with_hash_value(mem_htab, &tag, hashcode,
+											HASH_ENTER_NULL, &found);
+			if (e != NULL && !found)
+			{
+				memset(&e->v, 0, sizeof(MemVersion));
+				e->v.lease.hold_limit = DT_NOEND;
+				e->v.holder_len = -1;
+				created = true;
+			}
+			LWLockRelease(lock);
+			if (e != NULL || !make_room())
+				break;
 		}
-		LWLockRelease(lock);
 		if (e == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_OUT_OF_MEMORY),
 					 errmsg("dlock's shared memory for leases is full"),
 					 errdetail("dlock.memory_max_keys is %d, and that many keys have entries in memory.",
 							   dlock_memory_max_keys),
-					 errhint("Run dlock.prune() to drop the keys of old leases, or raise dlock.memory_max_keys (needs a restart).")));
+					 errhint("Entries of ended leases are dropped when room is needed; the rest are live leases, or keys locked at the moment.  Raise dlock.memory_max_keys (needs a restart), or lower dlock.max_ttl.")));
 	}
 
 	o = overlay(true);
@@ -617,16 +687,9 @@ dlock_mem_scan(void)
 		hash_seq_init(&ostatus, mine);
 		while ((l = hash_seq_search(&ostatus)) != NULL)
 		{
+			/* (a key whose changes were all undone was in the first pass) */
 			if (l->change != NULL && l->change->v.lease.found)
 				rows = lappend(rows, make_row(&l->tag, &l->change->v));
-			else if (l->change == NULL)
-			{
-				MemVersion	v;
-
-				read_shared(&l->tag, &v, true);
-				if (v.lease.found)
-					rows = lappend(rows, make_row(&l->tag, &v));
-			}
 		}
 	}
 	return rows;
@@ -669,24 +732,29 @@ dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff,
 	return deleted;
 }
 
-/* Remove every entry of database db (its extension was created anew). */
+/*
+ * Remove every entry of database db (dropped, or its extension created
+ * anew).  locked: the caller holds every partition lock exclusively.
+ */
 static void
-forget_database(Oid db)
+forget_database(Oid db, bool locked)
 {
 	HASH_SEQ_STATUS status;
 	MemEntry   *e;
 	int			i;
 
-	for (i = 0; i < MEM_PARTITIONS; i++)
-		LWLockAcquire(mem->partitions[i], LW_EXCLUSIVE);
+	if (!locked)
+		for (i = 0; i < MEM_PARTITIONS; i++)
+			LWLockAcquire(mem->partitions[i], LW_EXCLUSIVE);
 	hash_seq_init(&status, mem_htab);
 	while ((e = hash_seq_search(&status)) != NULL)
 	{
 		if (e->tag.db == db)
 			hash_search(mem_htab, &e->tag, HASH_REMOVE, NULL);
 	}
-	for (i = MEM_PARTITIONS - 1; i >= 0; i--)
-		LWLockRelease(mem->partitions[i]);
+	if (!locked)
+		for (i = MEM_PARTITIONS - 1; i >= 0; i--)
+			LWLockRelease(mem->partitions[i]);
 }
 
 /*
@@ -755,7 +823,7 @@ reclaim_dropped_databases(void)
 	{
 		if (dropped[i])
 		{
-			forget_database(dbs[i]);
+			forget_database(dbs[i], false);
 			any = true;
 		}
 	}
@@ -764,8 +832,10 @@ reclaim_dropped_databases(void)
 
 /*
  * Record this database's barrier and horizon for token sequence seq, unless
- * another backend did first; a slot for an older sequence (the extension
- * was dropped and created again) is taken over and its entries forgotten.
+ * another backend did first.  A slot for an older sequence (the extension
+ * was dropped and created again) is taken over and its entries forgotten,
+ * all under every partition lock: nobody can use the new slot and write
+ * an entry before the old ones are gone.
  */
 void
 dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
@@ -797,10 +867,9 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 			if (slot == NULL && d->db == InvalidOid)
 				slot = d;
 		}
-		if (slot != NULL &&
-			(slot->db != MyDatabaseId || slot->seq != seq))
+		stale = (slot != NULL && slot->db == MyDatabaseId && slot->seq != seq);
+		if (slot != NULL && slot->db != MyDatabaseId)
 		{
-			stale = (slot->db == MyDatabaseId);
 			slot->db = MyDatabaseId;
 			slot->seq = seq;
 			slot->barrier = barrier;
@@ -819,12 +888,32 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 				 errdetail("At most %d databases can keep leases in memory at once.",
 						   MEM_MAX_DATABASES)));
 	if (stale)
-		forget_database(MyDatabaseId);
+	{
+		for (i = 0; i < MEM_PARTITIONS; i++)
+			LWLockAcquire(mem->partitions[i], LW_EXCLUSIVE);
+		SpinLockAcquire(&mem->mutex);
+		stale = (slot->db == MyDatabaseId && slot->seq != seq);
+		if (stale)
+		{
+			slot->seq = seq;
+			slot->barrier = barrier;
+			slot->horizon = horizon;
+			slot->unknown_owner = unknown;
+		}
+		SpinLockRelease(&mem->mutex);
+		if (stale)
+			forget_database(MyDatabaseId, true);
+		for (i = MEM_PARTITIONS - 1; i >= 0; i--)
+			LWLockRelease(mem->partitions[i]);
+	}
 }
 
-/* Raise this database's horizon to at least horizon (now durable). */
+/*
+ * Raise this database's horizon to at least horizon (now durable), and its
+ * barrier too if barrier_too is set.
+ */
 void
-dlock_mem_db_advance(Oid seq, TimestampTz horizon)
+dlock_mem_db_advance(Oid seq, TimestampTz horizon, bool barrier_too)
 {
 	int			i;
 
@@ -837,6 +926,8 @@ dlock_mem_db_advance(Oid seq, TimestampTz horizon)
 		{
 			if (d->horizon < horizon)
 				d->horizon = horizon;
+			if (barrier_too && d->barrier < horizon)
+				d->barrier = horizon;
 			break;
 		}
 	}

@@ -577,24 +577,34 @@ unknown_lease(DlockLease *lease, TimestampTz until, const pg_uuid_t *owner)
  * memstore.c).  The first call after memory was set up (a start, a crash
  * restart, a promotion) reads the barrier: the horizon, or the end of the
  * latest lease in dlock.leases after a switch from table mode if later.
- * A standby's horizon moves with replay, so there it is read every time.
+ * A standby's horizon moves with replay, so there it is read every time;
+ * and what was read while recovery was still in progress is never kept,
+ * even if the promotion has ended by the time it is stored.
  */
 static void
 memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown)
 {
 	TimestampTz h;
 	TimestampTz b;
+	bool		in_recovery;
 
-	if (dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
-		return;
+	/* a session that predates ALTER EXTENSION UPDATE to 0.4 looks again */
+	if (!OidIsValid(ids.horizon))
+	{
+		ids.valid = false;
+		storage_ids();
+	}
 	if (!OidIsValid(ids.horizon))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("dlock.storage = memory needs version 0.4 of extension dlock"),
 				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
+	if (dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
+		return;
+	in_recovery = RecoveryInProgress();
 	h = read_horizon();
 	b = Max(h, table_max_end());
-	if (RecoveryInProgress())
+	if (in_recovery)
 	{
 		*barrier = b;
 		*horizon = h;
@@ -603,7 +613,10 @@ memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown)
 	}
 	dlock_mem_db_set(ids.seq, b, h);
 	if (!dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
-		elog(ERROR, "dlock: the memory state of the database vanished");
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension dlock was dropped or created again while this call ran"),
+				 errhint("Call again.")));
 	if (GetCurrentTimestamp() < *barrier)
 		ereport(LOG,
 				(errmsg("dlock: no key of database \"%s\" is granted before %s",
@@ -828,22 +841,38 @@ secure_drawn_fence(void)
  * (plus lock delay) of a lease about to be granted or renewed, so that
  * after a crash or a failover nobody is granted a key before that lease is
  * over.  When it is not, set it dlock.horizon_margin later (one durable
- * write then covers the grants of that long), durably, under
- * a lock that keeps two backends from moving it at once (one could move
- * it back).  Call with synchronous_commit raised.
+ * write then covers the grants of that long), under a lock that keeps two
+ * backends from moving it at once.  The sequence itself is read under that
+ * lock and never set back: whoever set it since it was cached (a restore's
+ * setval) is obeyed, and if that time is still to come the database's
+ * barrier moves with it: then false is returned, and a grant must not go
+ * on (the key may be held until then).
  */
-static void
+static bool
 secure_horizon(TimestampTz need)
 {
 	TimestampTz barrier;
 	TimestampTz horizon;
 	pg_uuid_t	unknown;
+	TimestampTz current;
+	bool		moved_by_others = false;
 
 	memory_state(&barrier, &horizon, &unknown);
 	if (need <= horizon)
-		return;
+		return true;
 	LockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
 	memory_state(&barrier, &horizon, &unknown);
+	if (need > horizon)
+	{
+		current = read_horizon();
+		if (current > horizon)
+		{
+			/* set by somebody else: leases may run until then */
+			moved_by_others = current > GetCurrentTimestamp();
+			dlock_mem_db_advance(ids.seq, current, moved_by_others);
+			horizon = current;
+		}
+	}
 	if (need > horizon)
 	{
 		Section		s;
@@ -855,9 +884,10 @@ secure_horizon(TimestampTz need)
 		section_end(&s);
 		raise_synchronous_commit();
 		secure_sequence(ids.horizon, false);
-		dlock_mem_db_advance(ids.seq, next);
+		dlock_mem_db_advance(ids.seq, next, false);
 	}
 	UnlockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
+	return !moved_by_others;
 }
 
 /* Fill *owner with a version 4 UUID from the strong random source. */
@@ -918,7 +948,8 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 	if (opts->session_bound)
 		lease->session_id = dlock_session_mark(k, len);
 
-	secure_horizon(end + opts->lock_delay);
+	if (!secure_horizon(end + opts->lock_delay))
+		return false;			/* every key is held until the new barrier */
 	/* runs no user code and checks no privilege: no need to be the owner */
 	lease->fence = nextval_internal(ids.seq, false);
 	raise_synchronous_commit();
@@ -1121,7 +1152,7 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 		if (!lease.found)
 			elog(ERROR, "dlock: lease of a held key vanished");
 		if (!release)
-			secure_horizon(end + lease.lock_delay);
+			(void) secure_horizon(end + lease.lock_delay);
 		lease.expires_at = end;
 		if (release)
 		{

@@ -1,0 +1,158 @@
+# Memory mode (dlock.storage = memory): what an attack on it found, each
+# checked here.
+#
+# 1. The horizon is never set back: a setval of dlock.horizon_seq by a
+#    restore after the database's first use is obeyed (the barrier moves
+#    with it, grants are refused until then), and a later grant moves the
+#    sequence forward from it, not from the value cached before.
+# 2. A session that used dlock before ALTER EXTENSION dlock UPDATE to 0.4
+#    grants afterwards without an internal error.
+# 3. dlock.lease_status shows a key once when a savepoint undid this
+#    transaction's change of it while another change stays.
+# 4. A full hash makes room by itself: entries of ended leases (released,
+#    expired) are dropped as prune() would; a hash full of live leases
+#    gives 53200 and loses nothing.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('edges');
+$node->init;
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'dlock'
+dlock.storage = memory
+dlock.memory_max_keys = 100
+dlock.horizon_margin = '1s'
+});
+$node->start;
+
+# Run $sql in $db; return the SQLSTATE of its error ('' if none) and stdout.
+sub run_sql
+{
+	my ($db, $sql) = @_;
+	my ($out, $err) = ('', '');
+	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
+		stdout => \$out, stderr => \$err, on_error_stop => 1);
+	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
+	return ($state // '', $out);
+}
+
+# 1. The horizon set by somebody else after the first use.
+$node->safe_psql('postgres', 'CREATE DATABASE h');
+$node->safe_psql('h', 'CREATE EXTENSION dlock');
+is($node->safe_psql('h', q{SELECT dlock.check_fence('job', 1)}), 'f',
+	'first use of the database: nothing held');
+# what a restore's SEQUENCE SET does: the source's leases run for an hour
+$node->safe_psql('h', q{
+	SELECT setval('dlock.horizon_seq',
+		((extract(epoch FROM now() + interval '1 hour')
+		  - extract(epoch FROM timestamptz '2000-01-01 00:00:00+00'))
+		 * 1000000)::int8, true)});
+my $set = $node->safe_psql('h', 'SELECT last_value FROM dlock.horizon_seq');
+is($node->safe_psql('h', q{SELECT count(*) FROM dlock.try_acquire('job', '1 min')}),
+	'0', 'a grant after the horizon was raised by a setval is refused');
+is($node->safe_psql('h', q{SELECT count(*) FROM dlock.try_acquire('other', '1 min')}),
+	'0', '... and so is any key, until that horizon');
+cmp_ok($node->safe_psql('h', 'SELECT last_value FROM dlock.horizon_seq'),
+	'>=', $set, 'the horizon was not set back');
+my ($state) = run_sql('h',
+	q{SELECT * FROM dlock.acquire('job', '1 min', wait => '200 ms')});
+is($state, '55P03', 'acquire waits for that horizon, then times out');
+
+# 2. A session open across ALTER EXTENSION UPDATE to 0.4.
+$node->safe_psql('postgres', 'CREATE DATABASE u');
+$node->safe_psql('u', q{CREATE EXTENSION dlock VERSION '0.3'});
+my $bg = $node->background_psql('u', on_error_stop => 0);
+my $first = $bg->query(q{SELECT count(*) FROM dlock.try_acquire('k1', '1 min')});
+like($bg->{stderr}, qr/needs version 0.4/,
+	'memory mode on 0.3: a clear error');
+$bg->{stderr} = '';
+$node->safe_psql('u', 'ALTER EXTENSION dlock UPDATE');
+my $after = $bg->query(q{SELECT count(*) FROM dlock.try_acquire('k2', '1 min')});
+is($after, '1', 'the same session grants after the upgrade');
+unlike($bg->{stderr}, qr/ERROR/, '... without an error');
+$bg->quit;
+
+# 3. No key twice in lease_status.
+$node->safe_psql('postgres', 'CREATE DATABASE s');
+$node->safe_psql('s', 'CREATE EXTENSION dlock');
+my $keys = $node->safe_psql('s', q{
+	CREATE TEMP TABLE o AS
+		SELECT key, owner FROM dlock.try_acquire('A', '10 min')
+		UNION ALL SELECT key, owner FROM dlock.try_acquire('B', '10 min');
+	BEGIN;
+	SELECT dlock.renew('A', (SELECT owner FROM o WHERE key = 'A'), '10 min');
+	SAVEPOINT a;
+	SELECT dlock.release('B', (SELECT owner FROM o WHERE key = 'B'));
+	ROLLBACK TO a;
+	SELECT string_agg(key, ',' ORDER BY key) FROM dlock.lease_status;
+	COMMIT;
+});
+like($keys, qr/^A,B$/m, 'lease_status lists each key once after ROLLBACK TO');
+
+# 4. A full hash (100 entries, some used by the databases above).
+$node->safe_psql('postgres', 'CREATE DATABASE f');
+$node->safe_psql('f', 'CREATE EXTENSION dlock');
+my ($st, $n) = run_sql('f', q{
+	SELECT count(*) FROM generate_series(1, 200) i,
+		LATERAL dlock.try_acquire('live' || i, '1 min')});
+is($st, '53200', 'a hash full of live leases refuses a new key with 53200');
+is($node->safe_psql('f', 'SELECT count(*) FROM dlock.lease_status'),
+	'0', '... the statement that failed granted nothing');
+# fill it with live leases one statement at a time, then release them all
+$node->safe_psql('f', q{
+	CREATE TABLE held (key text, owner uuid);
+	DO $$
+	DECLARE i int := 0;
+	BEGIN
+		LOOP
+			i := i + 1;
+			BEGIN
+				INSERT INTO held SELECT key, owner
+					FROM dlock.try_acquire('live' || i, '1 min');
+			EXCEPTION WHEN out_of_memory THEN
+				EXIT;
+			END;
+		END LOOP;
+	END $$});
+my $nheld = $node->safe_psql('f', 'SELECT count(*) FROM held');
+cmp_ok($nheld, '>', 10, "$nheld live leases fill the hash");
+($st) = run_sql('f', q{SELECT * FROM dlock.try_acquire('one-more', '1 min')});
+is($st, '53200', 'full of live leases: 53200');
+is($node->safe_psql('f', 'SELECT count(*) FROM dlock.lease_status'),
+	$nheld, '... and every live lease is still there');
+$node->safe_psql('f',
+	'SELECT count(*) FROM held, LATERAL dlock.release(key, owner) r WHERE r');
+is($node->safe_psql('f', q{SELECT count(*) FROM dlock.try_acquire('one-more', '1 min')}),
+	'1', 'after the releases a new key is granted: ended leases made room');
+is($node->safe_psql('f', q{
+	SELECT count(*) FROM generate_series(1, 20) i,
+		LATERAL dlock.try_acquire('again' || i, '1 min')}),
+	'20', '... and more');
+# a dropped database's entries are room too: fill the hash with live
+# leases again, then drop the database holding two of the others
+$node->safe_psql('f', q{
+	DO $$
+	DECLARE i int := 0;
+	BEGIN
+		LOOP
+			i := i + 1;
+			BEGIN
+				PERFORM * FROM dlock.try_acquire('full' || i, '1 min');
+			EXCEPTION WHEN out_of_memory THEN
+				EXIT;
+			END;
+		END LOOP;
+	END $$});
+($st) = run_sql('f', q{SELECT * FROM dlock.try_acquire('dropped1', '1 min')});
+is($st, '53200', 'full of live leases again');
+$node->safe_psql('postgres', 'DROP DATABASE s');
+is($node->safe_psql('f', q{
+	SELECT count(*) FROM generate_series(1, 2) i,
+		LATERAL dlock.try_acquire('dropped' || i, '1 min')}),
+	'2', 'the entries of a dropped database are reclaimed when room is needed');
+
+$node->stop;
+done_testing();
