@@ -34,6 +34,7 @@
 #define DLOCK_H
 
 #include "access/xact.h"
+#include "access/xlogdefs.h"
 #include "datatype/timestamp.h"
 #include "fmgr.h"
 #include "nodes/pg_list.h"
@@ -200,6 +201,9 @@ extern bool dlock_mem_db_get(Oid seq, TimestampTz *barrier,
 extern void dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon);
 extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon,
 								 bool barrier_too);
+extern void dlock_mem_db_set_pending(Oid seq, TimestampTz pending);
+extern TimestampTz dlock_mem_db_pending(Oid seq);
+extern XLogRecPtr dlock_mem_db_horizon_lsn(Oid seq, XLogRecPtr lsn);
 
 /* shmem.c */
 typedef enum DlockEvent

@@ -44,6 +44,7 @@
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
+#include "port/atomics.h"
 #include "storage/ipc.h"
 #include "storage/lock.h"
 #include "storage/lwlock.h"
@@ -98,12 +99,17 @@ typedef struct MemDatabase
 	Oid			seq;			/* the token sequence they belong to */
 	TimestampTz barrier;
 	TimestampTz horizon;
+	TimestampTz pending;		/* a horizon we set, not yet confirmed */
+	XLogRecPtr	horizon_lsn;	/* the horizon sequence's page LSN we know */
+	TimestampTz room_checked;	/* the last make_room that freed nothing */
+	uint64		room_releases;	/* MemShared.releases then */
 	pg_uuid_t	unknown_owner;
 } MemDatabase;
 
 typedef struct MemShared
 {
 	LWLock	   *partitions[MEM_PARTITIONS];
+	pg_atomic_uint64 releases;	/* releases committed, for make_room */
 	slock_t		mutex;			/* protects dbs */
 	MemDatabase dbs[MEM_MAX_DATABASES];
 } MemShared;
@@ -212,6 +218,7 @@ mem_shmem_startup(void)
 		for (i = 0; i < MEM_PARTITIONS; i++)
 			mem->partitions[i] = &locks[i].lock;
 		SpinLockInit(&mem->mutex);
+		pg_atomic_init_u64(&mem->releases, 0);
 	}
 	info.keysize = sizeof(MemTag);
 	info.entrysize = sizeof(MemEntry);
@@ -373,6 +380,41 @@ dlock_mem_read(const char *key, int len, DlockLease *lease)
 static bool reclaim_dropped_databases(void);
 
 #define MEM_EVICT_BATCH		256
+#define MEM_ROOM_RECHECK	USECS_PER_SEC
+
+/*
+ * May make_room scan this database's entries?  Not within a second of a
+ * scan that freed nothing, unless a lease was released since (an expiry is
+ * noticed within the second).  With found_nothing, record such a scan.
+ */
+static bool
+room_worth_scanning(bool found_nothing)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	uint64		releases = pg_atomic_read_u64(&mem->releases);
+	bool		worth = true;
+	int			i;
+
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db != MyDatabaseId)
+			continue;
+		if (found_nothing)
+		{
+			d->room_checked = now;
+			d->room_releases = releases;
+		}
+		else
+			worth = (now - d->room_checked >= MEM_ROOM_RECHECK ||
+					 releases != d->room_releases);
+		break;
+	}
+	SpinLockRelease(&mem->mutex);
+	return worth;
+}
 
 /*
  * The hash is full: free what can go without changing what any lease
@@ -396,6 +438,15 @@ make_room(void)
 
 	if (reclaim_dropped_databases())
 		return true;
+
+	/*
+	 * A scan holds every partition lock for as long as it reads the whole
+	 * hash: after one that freed nothing, this database's failing grants
+	 * do not scan again for a second, or until a lease is released (they
+	 * must not slow everybody's commits).
+	 */
+	if (!room_worth_scanning(false))
+		return false;
 
 	cand = palloc(sizeof(MemTag) * MEM_EVICT_BATCH);
 	for (i = 0; i < MEM_PARTITIONS; i++)
@@ -430,6 +481,8 @@ make_room(void)
 		dlock_unlock_grant(cand[i].key, len);
 	}
 	pfree(cand);
+	if (freed == 0)
+		(void) room_worth_scanning(true);
 	return freed > 0;
 }
 
@@ -583,7 +636,11 @@ publish_changes(void)
 		e = hash_search_with_hash_value(mem_htab, &l->tag, hashcode,
 										HASH_ENTER_NULL, &found);
 		if (e != NULL)
+		{
+			if (e->v.lease.held && !l->change->v.lease.held)
+				pg_atomic_fetch_add_u64(&mem->releases, 1);
 			memcpy(&e->v, &l->change->v, sizeof(MemVersion));
+		}
 		LWLockRelease(lock);
 		if (e == NULL)			/* cannot happen: the entry was reserved */
 			elog(WARNING, "dlock: no room in memory to commit a lease change");
@@ -758,6 +815,25 @@ forget_database(Oid db, bool locked)
 }
 
 /*
+ * This database's slot for token sequence seq, or NULL.  (A slot is only
+ * ever taken over under the spinlock; callers check it again under it.)
+ */
+static MemDatabase *
+find_slot(Oid seq)
+{
+	int			i;
+
+	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db == MyDatabaseId && d->seq == seq)
+			return d;
+	}
+	return NULL;
+}
+
+/*
  * This database's barrier (before it every key is held by *unknown_owner)
  * and horizon, if they are known for token sequence seq since memory was
  * set up; false if not (storage.c then reads them and calls
@@ -874,6 +950,9 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 			slot->seq = seq;
 			slot->barrier = barrier;
 			slot->horizon = horizon;
+			slot->pending = 0;
+			slot->horizon_lsn = InvalidXLogRecPtr;
+			slot->room_checked = 0;
 			slot->unknown_owner = unknown;
 		}
 		SpinLockRelease(&mem->mutex);
@@ -898,6 +977,9 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 			slot->seq = seq;
 			slot->barrier = barrier;
 			slot->horizon = horizon;
+			slot->pending = 0;
+			slot->horizon_lsn = InvalidXLogRecPtr;
+			slot->room_checked = 0;
 			slot->unknown_owner = unknown;
 		}
 		SpinLockRelease(&mem->mutex);
@@ -910,26 +992,81 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 
 /*
  * Raise this database's horizon to at least horizon (now durable), and its
- * barrier too if barrier_too is set.
+ * barrier too if barrier_too is set.  A pending horizon it reaches is no
+ * longer pending.
  */
 void
 dlock_mem_db_advance(Oid seq, TimestampTz horizon, bool barrier_too)
 {
-	int			i;
+	MemDatabase *d = find_slot(seq);
 
+	if (d == NULL)
+		return;
 	SpinLockAcquire(&mem->mutex);
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	if (d->db == MyDatabaseId && d->seq == seq)
 	{
-		MemDatabase *d = &mem->dbs[i];
-
-		if (d->db == MyDatabaseId && d->seq == seq)
-		{
-			if (d->horizon < horizon)
-				d->horizon = horizon;
-			if (barrier_too && d->barrier < horizon)
-				d->barrier = horizon;
-			break;
-		}
+		if (d->horizon < horizon)
+			d->horizon = horizon;
+		if (barrier_too && d->barrier < horizon)
+			d->barrier = horizon;
+		if (d->pending <= d->horizon)
+			d->pending = 0;
 	}
 	SpinLockRelease(&mem->mutex);
+}
+
+/*
+ * Set or read this database's pending horizon: a value written to the
+ * horizon sequence whose confirmation (flush, synchronous standbys) has not
+ * completed, perhaps cancelled.  The caller holds the horizon lock.
+ */
+void
+dlock_mem_db_set_pending(Oid seq, TimestampTz pending)
+{
+	MemDatabase *d = find_slot(seq);
+
+	if (d == NULL)
+		return;
+	SpinLockAcquire(&mem->mutex);
+	if (d->db == MyDatabaseId && d->seq == seq)
+		d->pending = pending;
+	SpinLockRelease(&mem->mutex);
+}
+
+TimestampTz
+dlock_mem_db_pending(Oid seq)
+{
+	MemDatabase *d = find_slot(seq);
+	TimestampTz pending = 0;
+
+	if (d == NULL)
+		return 0;
+	SpinLockAcquire(&mem->mutex);
+	if (d->db == MyDatabaseId && d->seq == seq)
+		pending = d->pending;
+	SpinLockRelease(&mem->mutex);
+	return pending;
+}
+
+/*
+ * The LSN of the horizon sequence's page as this database last knew it;
+ * with lsn valid, record that instead (the caller holds the horizon lock).
+ */
+XLogRecPtr
+dlock_mem_db_horizon_lsn(Oid seq, XLogRecPtr lsn)
+{
+	MemDatabase *d = find_slot(seq);
+	XLogRecPtr	result = InvalidXLogRecPtr;
+
+	if (d == NULL)
+		return InvalidXLogRecPtr;
+	SpinLockAcquire(&mem->mutex);
+	if (d->db == MyDatabaseId && d->seq == seq)
+	{
+		if (lsn != InvalidXLogRecPtr)
+			d->horizon_lsn = lsn;
+		result = d->horizon_lsn;
+	}
+	SpinLockRelease(&mem->mutex);
+	return result;
 }

@@ -775,6 +775,9 @@ force_synchronous_commit(void)
 	raise_synchronous_commit();
 }
 
+/* The LSN of the page of sequence seqid: its last change's WAL. */
+static XLogRecPtr sequence_lsn(Oid seqid);
+
 /*
  * Make the latest value of sequence seqid durable, before the caller can
  * see it: after a crash or a failover the sequence must not go back behind
@@ -788,18 +791,25 @@ force_synchronous_commit(void)
  * flush it and, with synchronous standbys, wait for them to have it.
  * Call with synchronous_commit already raised (raise_synchronous_commit).
  */
-static void
-secure_sequence(Oid seqid, bool token)
+static XLogRecPtr
+sequence_lsn(Oid seqid)
 {
-	Relation	seq = relation_open(seqid, AccessShareLock);	/* locked by nextval */
+	Relation	seq = relation_open(seqid, AccessShareLock);
 	Buffer		buf = ReadBuffer(seq, 0);
 	XLogRecPtr	lsn;
-	bool		interrupted;
 
 	LockBuffer(buf, BUFFER_LOCK_SHARE);
 	lsn = PageGetLSN(BufferGetPage(buf));
 	UnlockReleaseBuffer(buf);
 	relation_close(seq, AccessShareLock);
+	return lsn;
+}
+
+static void
+secure_sequence(Oid seqid, bool token)
+{
+	XLogRecPtr	lsn = sequence_lsn(seqid);
+	bool		interrupted;
 
 	XLogFlush(lsn);				/* returns at once when already flushed */
 	if (!SyncRepRequested())
@@ -841,8 +851,12 @@ secure_drawn_fence(void)
  * (plus lock delay) of a lease about to be granted or renewed, so that
  * after a crash or a failover nobody is granted a key before that lease is
  * over.  When it is not, set it dlock.horizon_margin later (one durable
- * write then covers the grants of that long), under a lock that keeps two
- * backends from moving it at once.  The sequence itself is read under that
+ * write then covers the grants of that long), marked pending in shared
+ * memory until confirmed (a cancelled confirmation is finished by the next
+ * caller, not taken for somebody else's setval), under a lock that keeps two
+ * backends from moving it at once.  Every call compares the LSN of the
+ * sequence's page with the one it had after our last look, so that a
+ * setval by anyone else (a restore) is noticed at the next grant.  The sequence itself is read under that
  * lock and never set back: whoever set it since it was cached (a restore's
  * setval) is obeyed, and if that time is still to come the database's
  * barrier moves with it: then false is returned, and a grant must not go
@@ -857,27 +871,40 @@ secure_horizon(TimestampTz need)
 	TimestampTz current;
 	bool		moved_by_others = false;
 
+	/*
+	 * Fast path: the horizon covers the lease, and nobody changed the
+	 * sequence since we last did (its page's LSN would have moved).
+	 */
 	memory_state(&barrier, &horizon, &unknown);
-	if (need <= horizon)
+	if (need <= horizon &&
+		sequence_lsn(ids.horizon) == dlock_mem_db_horizon_lsn(ids.seq, 0))
 		return true;
+
 	LockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
 	memory_state(&barrier, &horizon, &unknown);
-	if (need > horizon)
+	current = read_horizon();
+	if (current > horizon && current == dlock_mem_db_pending(ids.seq))
 	{
-		current = read_horizon();
-		if (current > horizon)
-		{
-			/* set by somebody else: leases may run until then */
-			moved_by_others = current > GetCurrentTimestamp();
-			dlock_mem_db_advance(ids.seq, current, moved_by_others);
-			horizon = current;
-		}
+		/* ours, whose confirmation was cancelled: confirm it now */
+		raise_synchronous_commit();
+		secure_sequence(ids.horizon, false);
+		dlock_mem_db_advance(ids.seq, current, false);
+		horizon = current;
+	}
+	else if (current > horizon)
+	{
+		/* set by somebody else (a restore): leases may run until then */
+		moved_by_others = current > GetCurrentTimestamp();
+		dlock_mem_db_advance(ids.seq, current, moved_by_others);
+		horizon = current;
 	}
 	if (need > horizon)
 	{
 		Section		s;
 		TimestampTz next = need + (int64) dlock_horizon_margin_ms * 1000;
 
+		/* if the confirmation below is cancelled, the next one finishes it */
+		dlock_mem_db_set_pending(ids.seq, next);
 		section_begin(&s);
 		(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),
 								   Int64GetDatum(next), BoolGetDatum(true));
@@ -886,6 +913,8 @@ secure_horizon(TimestampTz need)
 		secure_sequence(ids.horizon, false);
 		dlock_mem_db_advance(ids.seq, next, false);
 	}
+	/* what the sequence's page says now is what we know */
+	(void) dlock_mem_db_horizon_lsn(ids.seq, sequence_lsn(ids.horizon));
 	UnlockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
 	return !moved_by_others;
 }
@@ -1210,7 +1239,15 @@ dlock_storage_scan(void)
 
 	if (dlock_memory_mode())
 	{
+		TimestampTz barrier;
+		TimestampTz horizon;
+		pg_uuid_t	unknown;
+
 		storage_ids();
+		memory_state(&barrier, &horizon, &unknown);
+		/* before the barrier every key is held by an unknown owner */
+		if (barrier != 0 && GetCurrentTimestamp() < barrier)
+			return NIL;
 		return dlock_mem_scan();
 	}
 

@@ -12,6 +12,10 @@
 # 4. A full hash makes room by itself: entries of ended leases (released,
 #    expired) are dropped as prune() would; a hash full of live leases
 #    gives 53200 and loses nothing.
+# 5. A grant whose confirmation of the horizon is cancelled (synchronous
+#    standbys that never answer, statement_timeout) leaves the horizon
+#    sequence ahead of what was confirmed: the next grant confirms it, it
+#    does not take it for a restore's and lock the database out.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -19,7 +23,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $node = PostgreSQL::Test::Cluster->new('edges');
-$node->init;
+$node->init(allows_streaming => 1);
 $node->append_conf('postgresql.conf', q{
 shared_preload_libraries = 'dlock'
 dlock.storage = memory
@@ -44,6 +48,8 @@ $node->safe_psql('postgres', 'CREATE DATABASE h');
 $node->safe_psql('h', 'CREATE EXTENSION dlock');
 is($node->safe_psql('h', q{SELECT dlock.check_fence('job', 1)}), 'f',
 	'first use of the database: nothing held');
+is($node->safe_psql('h', q{SELECT count(*) FROM dlock.try_acquire('early', '10 min')}),
+	'1', 'a lease granted before the restore');
 # what a restore's SEQUENCE SET does: the source's leases run for an hour
 $node->safe_psql('h', q{
 	SELECT setval('dlock.horizon_seq',
@@ -60,6 +66,8 @@ cmp_ok($node->safe_psql('h', 'SELECT last_value FROM dlock.horizon_seq'),
 my ($state) = run_sql('h',
 	q{SELECT * FROM dlock.acquire('job', '1 min', wait => '200 ms')});
 is($state, '55P03', 'acquire waits for that horizon, then times out');
+is($node->safe_psql('h', 'SELECT count(*) FROM dlock.lease_status'), '0',
+	'lease_status lists nothing while the barrier holds every key');
 
 # 2. A session open across ALTER EXTENSION UPDATE to 0.4.
 $node->safe_psql('postgres', 'CREATE DATABASE u');
@@ -153,6 +161,30 @@ is($node->safe_psql('f', q{
 	SELECT count(*) FROM generate_series(1, 2) i,
 		LATERAL dlock.try_acquire('dropped' || i, '1 min')}),
 	'2', 'the entries of a dropped database are reclaimed when room is needed');
+
+# 5. A cancelled confirmation of the horizon (in room freed by dropping f).
+$node->safe_psql('postgres', 'DROP DATABASE f');
+$node->safe_psql('postgres', 'CREATE DATABASE c');
+$node->safe_psql('c', 'CREATE EXTENSION dlock');
+my ($hold_owner, $hold_fence) = split /\|/, $node->safe_psql('c',
+	q{SELECT owner, fence FROM dlock.try_acquire('holder', '5 min')});
+$node->safe_psql('postgres',
+	q{ALTER SYSTEM SET synchronous_standby_names = 'nobody'; SELECT pg_reload_conf()});
+# the checkpointer publishes that standbys are defined after it reloads
+sleep 2;
+my $out;
+($state, $out) = run_sql('c', q{
+	SET statement_timeout = '500ms';
+	SELECT * FROM dlock.try_acquire('far', '20 min')});
+is($state, '57014', 'a grant whose horizon the standbys never confirm is cancelled');
+$node->safe_psql('postgres',
+	q{ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf()});
+is($node->safe_psql('c', q{SELECT count(*) FROM dlock.try_acquire('after', '15 min')}),
+	'1', 'the next grant confirms the cancelled horizon and is granted');
+is($node->safe_psql('c', q{SELECT count(*) FROM dlock.try_acquire('short', '1 s')}),
+	'1', '... and so is a short one: the database is not locked out');
+is($node->safe_psql('c', "SELECT dlock.check_fence('holder', $hold_fence)"),
+	't', 'the lease held before is still held');
 
 $node->stop;
 done_testing();
