@@ -30,6 +30,11 @@
  * (clock_timestamp() when the INSERT ran) must be before the expires_at
  * that the lease's last grant or renewal returned.
  *
+ * Exclusion is judged by the server's clock too: each acknowledged grant of
+ * a key must come at or after the end (or the release) of the key's
+ * previous acknowledged lease, by token: crash-restarts included, which in
+ * memory mode is the horizon's promise.
+ *
  * --sabotage breaks one property for real (debug), so that the check must
  * report it: CI shows each check firing that way.
  *
@@ -96,6 +101,9 @@ typedef struct ChaosOp
 	int64		expires_srv;	/* grant, renewal: the expires_at returned,
 								 * us since the Unix epoch by the server's
 								 * clock; 0 if none */
+	int64		srv_at;			/* same clock: grant, clock_timestamp()
+								 * after the grant (in its statement);
+								 * release, before the release */
 	int64		fence;
 	int64		value;			/* write: counter value written */
 	int32		worker;
@@ -137,6 +145,7 @@ static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 #define S_SUPERSEDED	0x10	/* write, fence bypassed, after a newer grant */
 #define S_EXPIRED		0x20	/* write, fence bypassed, after the expiry */
 #define S_ASYNC			0x40	/* synchronous_commit = off, crash after acks */
+#define S_STEAL			0x80	/* dlock.forget a live lease, grant it again */
 
 static const struct
 {
@@ -150,6 +159,7 @@ static const struct
 	{"superseded", S_SUPERSEDED},
 	{"expired", S_EXPIRED},
 	{"async-commit", S_ASYNC},
+	{"steal", S_STEAL},
 };
 
 /* state */
@@ -172,6 +182,10 @@ static int	nkilled = 0;
 static long server_log_start = 0;
 static volatile int64 *acked_writes;	/* shared: writes whose COMMIT
 										 * returned, for async-commit */
+#define MAX_CRASHES 4096
+static int64 crash_at[MAX_CRASHES][2];	/* monotonic: crash begun, server
+										 * back (statistics only) */
+static int	ncrashes = 0;
 
 /* Microseconds on CLOCK_MONOTONIC, the same clock in every process. */
 static int64
@@ -410,7 +424,7 @@ do_grant(PGconn *conn, Lease *l, int key)
 		params[1] = ttlbuf;
 		params[2] = waitbuf;
 		params[3] = holder;
-		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint FROM dlock.acquire($1, $2::interval, wait => $3::interval, holder => $4)",
+		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM dlock.acquire($1, $2::interval, wait => $3::interval, holder => $4)",
 				 4, params, &res, state, my_worker);
 	}
 	else
@@ -418,7 +432,7 @@ do_grant(PGconn *conn, Lease *l, int key)
 		params[0] = keybuf;
 		params[1] = ttlbuf;
 		params[2] = holder;
-		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint FROM dlock.try_acquire($1, $2::interval, holder => $3)",
+		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM dlock.try_acquire($1, $2::interval, holder => $3)",
 				 3, params, &res, state, my_worker);
 	}
 	if (rc == RC_OK && PQntuples(res) == 1)
@@ -427,6 +441,8 @@ do_grant(PGconn *conn, Lease *l, int key)
 		l->fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
 		r.fence = l->fence;
 		r.expires_srv = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
+		/* evaluated after the function in FROM returned: after the grant */
+		r.srv_at = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
 		op_end(&r, OUT_OK, state);
 		l->deadline = r.t_done + (int64) l->ttl_ms * 1000;
 	}
@@ -499,10 +515,18 @@ do_release(PGconn *conn, Lease *l)
 	params[0] = keybuf;
 	params[1] = l->owner;
 	op_begin(&r, OP_RELEASE, l);
-	rc = run(conn, "SELECT dlock.release($1, $2::uuid)", 2, params, &res,
-			 state, my_worker);
+
+	/*
+	 * The server's clock before the release (the target list is evaluated
+	 * in order; and the release is seen by others only once it commits).
+	 */
+	rc = run(conn, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, dlock.release($1, $2::uuid)",
+			 2, params, &res, state, my_worker);
 	if (rc == RC_OK)
-		op_end(&r, strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? OUT_OK : OUT_NONE, state);
+	{
+		r.srv_at = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		op_end(&r, strcmp(PQgetvalue(res, 0, 1), "t") == 0 ? OUT_OK : OUT_NONE, state);
+	}
 	else
 		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
 	PQclear(res);
@@ -560,7 +584,13 @@ do_write(PGconn *conn, Lease *l, bool bypass)
 			return RC_BUSY;
 	}
 	op_begin(&r, OP_WRITE, l);
-	if (l->written || chance(0.5))
+
+	/*
+	 * A bypassing write presents its token in the column only: use_fence
+	 * would refuse it (fence_bypass lets writes through the trigger, not
+	 * use_fence), and the sabotage would have to wait for another lease.
+	 */
+	if (!bypass && (l->written || chance(0.5)))
 		r.flags |= F_USE_FENCE;
 	if (pause == 0)
 		r.flags |= F_PAUSE_BEFORE;
@@ -709,6 +739,44 @@ sabotage_write(PGconn *conn, Lease *l, bool *done)
 	return rc;
 }
 
+/*
+ * --sabotage=steal: right after the grant of *l was acknowledged, as an
+ * administrator would, drop that live lease with dlock.forget() and grant
+ * the key again on this connection (a larger token, acknowledged, while the
+ * first lease is live by the server's clock), then release the new lease.
+ * Nothing is logged about the forget: the check sees two grants of the key
+ * whose lives overlap.  Sets *done once the second grant was acknowledged.
+ */
+static int
+sabotage_steal(PGconn *conn, Lease *l, bool *done)
+{
+	Lease		l2;
+	char		keybuf[64];
+	const char *params[1];
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+	bool		forgotten;
+
+	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	params[0] = keybuf;
+	rc = run(conn, "SELECT dlock.forget($1)", 1, params, &res, state, my_worker);
+	forgotten = rc == RC_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	PQclear(res);
+	if (rc != RC_OK)
+		return rc;
+	/* the lease is certainly still live: the client-side bound is its end */
+	if (!forgotten || now_us() > l->deadline - 20000)
+		return RC_BUSY;
+	rc = do_grant(conn, &l2, l->key);
+	if (rc != RC_OK)
+		return rc;
+	*done = true;
+	printf("dlock-chaos: sabotage: worker %d dropped its live lease of k%d (fence " INT64_FORMAT ") with dlock.forget and was granted k%d again (fence " INT64_FORMAT ")\n",
+		   my_worker, l->key, l->fence, l->key, l2.fence);
+	return do_release(conn, &l2);
+}
+
 /* A worker process: loop on leases until told to stop. */
 static int
 worker_main(int w)
@@ -719,6 +787,7 @@ worker_main(int w)
 	int64		hard_end = end_us + 120 * INT64CONST(1000000);
 	int64		down_since = 0;
 	bool		sabotaged = false;
+	bool		stolen = false;
 
 	my_worker = w;
 	rng_state = seed * 1000003 + (uint64) w + 1;
@@ -775,6 +844,19 @@ worker_main(int w)
 			continue;
 		}
 
+		/* --sabotage=steal: once, by worker 0, after 0.5 s */
+		if (w == 0 && (sabotage & S_STEAL) && !stolen &&
+			now_us() > start_us + 500000)
+		{
+			rc = sabotage_steal(conn, &l, &stolen);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+			}
+			continue;
+		}
+
 		/* --sabotage=expired, superseded: once, by worker 0, after 0.5 s */
 		if (w == 0 && (sabotage & (S_EXPIRED | S_SUPERSEDED)) && !sabotaged &&
 			now_us() > start_us + 500000)
@@ -826,6 +908,8 @@ worker_main(int w)
 		PQfinish(conn);
 	if (w == 0 && (sabotage & (S_EXPIRED | S_SUPERSEDED)) && !sabotaged)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to write after its lease's expiry\n");
+	if (w == 0 && (sabotage & S_STEAL) && !stolen)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to steal a live lease\n");
 	if (fclose(oplog) != 0)
 	{
 		fprintf(stderr, "dlock-chaos: worker %d: cannot write its log: %m\n", w);
@@ -1125,10 +1209,18 @@ nemesis(void)
 
 		if (pgdata && t >= next_crash)
 		{
+			int64		c0 = now_us();
+
 			if (!((sabotage & S_ASYNC) ? crash_after_ack(&nconn) : crash_restart(&nconn)))
 			{
 				ok = false;
 				break;
+			}
+			if (ncrashes < MAX_CRASHES)
+			{
+				crash_at[ncrashes][0] = c0;
+				crash_at[ncrashes][1] = now_us();
+				ncrashes++;
 			}
 			next_crash = now_us() + rnd_range(crash_every_s / 2 * 1000000, crash_every_s * 1500000);
 			/* async-commit: crash again as soon as the workers are back */
@@ -1245,6 +1337,7 @@ static long vio_kind[16];
 #define V_SERVERLOG 10
 #define V_COUNTER	11
 #define V_STALE_SRV 12
+#define V_EXCLUSION 13
 
 static const char *const vio_name[] = {
 	"history gap", "lost update (duplicate value)", "fences out of order",
@@ -1252,7 +1345,8 @@ static const char *const vio_name[] = {
 	"token reissued", "token not larger than an earlier acknowledged grant's",
 	"acknowledged write lost", "write in the database that was not accepted",
 	"unexpected error", "server log", "counter row wrong",
-	"write accepted after its lease expired (server clock)"
+	"write accepted after its lease expired (server clock)",
+	"key granted while an acknowledged lease of it was live (server clock)"
 };
 
 /* Report one violation (printed for the first SHOW_MAX of its kind). */
@@ -1486,6 +1580,113 @@ connect_for_check(void)
 	return conn;
 }
 
+/* exclusion check's figures */
+static long x_checked = 0;		/* pairs of consecutive grants checked */
+static long x_released = 0;		/* of which the first was released */
+static long x_crash = 0;		/* of which a crash-restart came between, the
+								 * first lease certainly live at the crash */
+static long x_unknown = 0;		/* skipped: a release's outcome unknown */
+static int64 x_margin = PG_INT64_MAX;	/* smallest (grant - end), us, of
+										 * the pairs without a release */
+
+/*
+ * Exclusion, by the server's clock.  grants are the acknowledged grants,
+ * sorted by key and token.  For each key's consecutive grants A and B (by
+ * token), B must have been granted at or after the end of A's lease as it
+ * stood when B was granted:
+ *
+ * - B's grant: srv_at, clock_timestamp() in the grant's statement, after
+ *   the grant was made (so at or after its moment: an upper bound).
+ * - A's end: the expires_at returned by A's grant, or by its last renewal
+ *   acknowledged before B's grant was invoked.  Renewals whose outcome is
+ *   unknown, or that overlap B's grant, are left out: the workers renew
+ *   with the lease's own TTL, so a renewal can only have moved the end
+ *   later.
+ * - A released: an acknowledged release makes the limit the server's clock
+ *   before that release (srv_at: the release is seen by others only when
+ *   it commits, after that); a release whose outcome is unknown, invoked
+ *   before B's grant returned, may have ended A at any moment: the pair is
+ *   skipped.  (A release lost in a crash, dlock.async_release, only keeps A
+ *   longer.)
+ *
+ * The grant order of a key is its token order: a grant draws its token
+ * under the key's grant lock, held until its transaction ends.  Only
+ * acknowledged grants count; an indeterminate grant between A and B, if
+ * it happened, had to wait for A's end too, and B for its end.  After a
+ * crash in memory mode every lease is lost: B must still wait for A's end
+ * (the horizon), which is what this check sees and the write checks do
+ * not.
+ */
+static void
+check_exclusion(ChaosOp **grants, int ngrants)
+{
+	int			i;
+
+	for (i = 1; i < ngrants; i++)
+	{
+		const ChaosOp *a = grants[i - 1];
+		const ChaosOp *b = grants[i];
+		const ChaosOp *wl = wlog[a->worker];
+		int64		end = a->expires_srv;
+		int64		limit;
+		int64		released_at = PG_INT64_MAX;
+		int64		release_inv = PG_INT64_MAX;
+		bool		unknown = false;
+		int			k,
+					c;
+
+		if (a->key != b->key || a->fence == b->fence)
+			continue;
+		/* A's renewals and releases: its worker's records up to its next grant */
+		for (k = a->op + 1; k < wlog_n[a->worker] && wl[k].type != OP_GRANT; k++)
+		{
+			const ChaosOp *p = &wl[k];
+
+			if (p->key != a->key || p->fence != a->fence)
+				continue;
+			if (p->type == OP_RENEW && p->outcome == OUT_OK && p->t_done < b->t_inv)
+				end = p->expires_srv;
+			else if (p->type == OP_RELEASE && p->outcome == OUT_OK)
+			{
+				released_at = Min(released_at, p->srv_at);
+				release_inv = Min(release_inv, p->t_inv);
+			}
+			else if (p->type == OP_RELEASE && p->outcome != OUT_NONE)
+			{
+				release_inv = Min(release_inv, p->t_inv);
+				if (p->t_inv < b->t_done)
+					unknown = true;
+			}
+		}
+		if (unknown)
+		{
+			x_unknown++;
+			continue;
+		}
+		limit = Min(end, released_at);
+		x_checked++;
+		if (released_at != PG_INT64_MAX)
+			x_released++;
+		else
+			x_margin = Min(x_margin, b->srv_at - limit);
+		/* a crash-restart between them, A certainly live and unreleased */
+		for (c = 0; c < ncrashes; c++)
+			if (crash_at[c][0] > a->t_done && crash_at[c][1] < b->t_inv &&
+				crash_at[c][0] < a->t_inv + (int64) a->ttl_ms * 1000 &&
+				crash_at[c][0] < release_inv)
+			{
+				x_crash++;
+				break;
+			}
+		if (b->srv_at < limit)
+			violation(V_EXCLUSION, "k%d granted with fence " INT64_FORMAT " (worker %d op %d, invoked at %.6f s) %.3f ms before the end of the lease with fence " INT64_FORMAT " (worker %d op %d, acknowledged at %.6f s, %s)",
+					  b->key, b->fence, b->worker, b->op, rel(b->t_inv),
+					  (limit - b->srv_at) / 1000.0, a->fence, a->worker, a->op,
+					  rel(a->t_done),
+					  released_at < end ? "its release" : "its expires_at");
+	}
+}
+
 /*
  * Verify everything and print the counts.  Returns the number of
  * violations, or -1 if the check itself could not be done.
@@ -1694,6 +1895,8 @@ check(void)
 			c_takeovers++;
 	}
 
+	check_exclusion(grants, ngrants);
+
 	/* writes */
 	for (w = 0; w < nworkers; w++)
 		for (i = 0; i < wlog_n[w]; i++)
@@ -1816,6 +2019,9 @@ check(void)
 		   c_attempts, c_refused, c_lostconn, c_stale_cut, n_crash_immediate, n_crash_pmkill, n_crash_backendkill);
 	printf("dlock-chaos: accepted writes checked against the server's expires_at: %ld (skipped, a renewal's outcome unknown: %ld)\n",
 		   c_srv_checked, c_srv_skipped);
+	printf("dlock-chaos: consecutive grants of a key checked for exclusion by the server's clock: %ld (the first released: %ld; a crash-restart between, the first live at the crash: %ld; skipped, a release's outcome unknown: %ld; closest grant after an unreleased lease: %.3f ms after its end)\n",
+		   x_checked, x_released, x_crash, x_unknown,
+		   x_margin != PG_INT64_MAX ? x_margin / 1000.0 : 0.0);
 	for (i = 0; i < (int) lengthof(vio_name); i++)
 		if (vio_kind[i] > 0)
 			printf("dlock-chaos: violations: %s: %ld\n", vio_name[i], vio_kind[i]);
@@ -1933,7 +2139,7 @@ usage(void)
 		   "  --sabotage=KIND,... debug: break one property for real, so that the\n"
 		   "                      check must report it (repeatable): setval,\n"
 		   "                      delete-history, forge-history, server-log,\n"
-		   "                      superseded, expired, async-commit\n"
+		   "                      superseded, expired, async-commit, steal\n"
 		   "  -d, --dbname=DB     database name or connection string\n"
 		   "  -h, --host=HOST     server host or socket directory\n"
 		   "  -p, --port=PORT     server port\n"

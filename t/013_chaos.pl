@@ -10,15 +10,18 @@
 # lease's expiry (by the client's monotonic bound and by the server's own
 # expires_at against the row's written_at) or after a newer grant was
 # acknowledged; every token unique and larger than every token acknowledged
-# before its grant began, across the crashes; every acknowledged commit
-# still there; no row nobody wrote; no unexpected error, PANIC, TRAP or
-# process killed by a signal the nemesis did not send.
+# before its grant began, across the crashes; no key granted while an
+# acknowledged lease of it was live (by the server's clock: each grant
+# against the end of the key's previous lease, or its release); every
+# acknowledged commit still there; no row nobody wrote; no unexpected
+# error, PANIC, TRAP or process killed by a signal the nemesis did not send.
 #
 # 1. Two runs of 30 s, one with a fixed seed and one with a random seed
 #    (printed): exit 0, no violation, and counts showing that the faults
 #    really happened (grants, takeovers, accepted writes, refused stale
 #    writes, pauses, SIGSTOPs, backend terminations, crash-restarts), and
-#    that accepted writes were checked against the server's expires_at.
+#    that accepted writes were checked against the server's expires_at and
+#    consecutive grants of a key against each other (exclusion).
 # 2. The checker is not vacuous: a 6 s run with --no-fence (the tables
 #    without the fencing trigger) must exit 1 and report lost updates and
 #    writes accepted after their lease expired.
@@ -33,7 +36,9 @@
 #    the key was granted again), expired (the same without the new grant:
 #    both the client-side and the server-clock expiry checks), async-commit
 #    (workers with synchronous_commit = off, the server stopped at once
-#    right after an acknowledged commit: acknowledged write lost).
+#    right after an acknowledged commit: acknowledged write lost), steal
+#    (a live lease dropped with dlock.forget and its key granted again at
+#    once: key granted while an acknowledged lease of it was live).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -102,6 +107,8 @@ foreach my $seed (42, $random_seed)
 		"seed $seed: no more stale writes refused than attempted");
 	like($out, qr/checked against the server's expires_at: [1-9]/,
 		"seed $seed: accepted writes checked by the server's clock");
+	like($out, qr/checked for exclusion by the server's clock: [1-9]/,
+		"seed $seed: consecutive grants checked for exclusion");
 }
 
 # The server is up and answering after the last crash-restart.
@@ -153,6 +160,10 @@ my @sabotages = (
 	[
 		'async-commit', [ '--duration' => 4, @crash ],
 		'acknowledged write lost'
+	],
+	[
+		'steal', [ '--duration' => 3, @quiet ],
+		'key granted while an acknowledged lease of it was live (server clock)'
 	]);
 foreach my $s (@sabotages)
 {

@@ -18,11 +18,16 @@
 #    with --no-fence and one with --sabotage=setval (dlock.fence_seq set
 #    back mid-run) must exit 1 with their violations.
 #
-#    The chaos checker judges writes, not grants: in memory mode a crash
-#    drops every lease, so the fencing trigger refuses the old holders'
-#    writes whatever the horizon does.  The horizon (no key granted to
-#    anyone before every lease granted before the crash could have ended)
-#    is what part 2 checks.
+#    The checker's write checks cannot see the horizon: a crash drops every
+#    lease, so the fencing trigger refuses the old holders' writes whatever
+#    the horizon does.  Its exclusion check does: each acknowledged grant of
+#    a key must come (by the server's clock) at or after the end of the
+#    key's previous acknowledged lease, or its release, across the crashes
+#    too.  The run must report no such violation, with grant pairs checked,
+#    some of them across a crash-restart while the earlier lease was live
+#    (the horizon's case); and --sabotage=steal (a live lease dropped with
+#    dlock.forget, the key granted again at once) must exit 1 with it.
+#    Part 2 checks the horizon with its own probe, after kill -9.
 #
 # 2. The kill -9 loop of t/014, 60 cycles (DLOCK_KILL9_CYCLES), with the
 #    same four kinds of psql clients (A: autocommit with synchronous_commit
@@ -70,7 +75,7 @@
 #    probe wait (some tries refused every key while acknowledged leases
 #    were live); O clients drew tokens; both kinds of kill happened.
 #
-# About 100 s on 2 shared cores: 41 s for part 1, 59 s for part 2 (about
+# About 105 s on 2 shared cores: 44 s for part 1, 59 s for part 2 (about
 # 0.9 s per cycle, most of it from the kill until the horizon passed).
 use strict;
 use warnings;
@@ -157,6 +162,17 @@ my @crash = (
 		"memory mode, seed $seed: no more stale writes refused than attempted");
 	like($out, qr/checked against the server's expires_at: [1-9]/,
 		"memory mode, seed $seed: accepted writes checked by the server's clock");
+	# Exclusion of grants, across the crashes (the horizon) too.
+	my ($pairs, $across) =
+	  $out =~ /checked for exclusion by the server's clock: (\d+) \(.*?a crash-restart between, the first live at the crash: (\d+);/;
+	note 'grant pairs checked for exclusion: ' . ($pairs // 'none')
+	  . ', across a crash-restart with the first lease live: ' . ($across // 'none');
+	unlike($out, qr/violations: key granted while an acknowledged lease/,
+		"memory mode, seed $seed: no key granted while an acknowledged lease of it was live");
+	cmp_ok($pairs // 0, '>', 0,
+		"memory mode, seed $seed: consecutive grants checked for exclusion");
+	cmp_ok($across // 0, '>', 0,
+		"memory mode, seed $seed: some of them across a crash-restart, the earlier lease live at the crash");
 }
 
 # The server is up, still in memory mode, after the last crash-restart; the
@@ -197,6 +213,21 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM dlock.leases'), '0',
 		"memory mode, sabotage setval: \"$_\" reported")
 	  foreach ('token reissued',
 		'token not larger than an earlier acknowledged grant\'s');
+}
+{
+	# A live lease dropped with dlock.forget, the key granted again at once:
+	# the exclusion check must see it (the nemesis nearly idle, as in t/013).
+	my ($rc, $out, $err, $c) = chaos(
+		'--duration' => 3,
+		'--workers' => 2,
+		'--keys' => 4,
+		'--nemesis-every' => 60000,
+		'--sabotage' => 'steal');
+	is($rc, 1, 'memory mode, sabotage steal: dlock-chaos exits 1')
+	  or diag "sabotage steal:\n$out\n$err";
+	like($out,
+		qr/^dlock-chaos: violations: key granted while an acknowledged lease of it was live \(server clock\): [1-9]/m,
+		'memory mode, sabotage steal: "key granted while an acknowledged lease of it was live" reported');
 }
 $node->stop;
 note sprintf('part 1 (chaos): %.1f s', time() - $t_start);
