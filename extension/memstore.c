@@ -409,6 +409,7 @@ room_worth_scanning(bool found_nothing)
 		}
 		else
 			worth = (now - d->room_checked >= MEM_ROOM_RECHECK ||
+					 now < d->room_checked ||	/* the clock went back */
 					 releases != d->room_releases);
 		break;
 	}
@@ -539,7 +540,7 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 					 errmsg("dlock's shared memory for leases is full"),
 					 errdetail("dlock.memory_max_keys is %d, and that many keys have entries in memory.",
 							   dlock_memory_max_keys),
-					 errhint("Entries of ended leases are dropped when room is needed; the rest are live leases, or keys locked at the moment.  Raise dlock.memory_max_keys (needs a restart), or lower dlock.max_ttl.")));
+					 errhint("Entries of this database's ended leases are dropped when room is needed; the rest are live leases, keys locked at the moment, or other databases' (dlock.prune() there frees theirs).  Raise dlock.memory_max_keys (needs a restart), or lower dlock.max_ttl.")));
 	}
 
 	o = overlay(true);

@@ -177,7 +177,8 @@ forget_storage(void)
 static void
 storage_relcache_callback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == ids.leases || relid == ids.seq)
+	if (relid == InvalidOid || relid == ids.leases || relid == ids.seq ||
+		relid == ids.horizon)
 		forget_storage();
 }
 
@@ -794,9 +795,19 @@ static XLogRecPtr sequence_lsn(Oid seqid);
 static XLogRecPtr
 sequence_lsn(Oid seqid)
 {
-	Relation	seq = relation_open(seqid, AccessShareLock);
-	Buffer		buf = ReadBuffer(seq, 0);
+	Relation	seq = try_relation_open(seqid, AccessShareLock);
+	Buffer		buf;
 	XLogRecPtr	lsn;
+
+	if (seq == NULL)
+	{
+		ids.valid = false;
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("a sequence of extension dlock was dropped"),
+				 errhint("The extension was dropped, or dropped and created again, while this call ran: call again.")));
+	}
+	buf = ReadBuffer(seq, 0);
 
 	LockBuffer(buf, BUFFER_LOCK_SHARE);
 	lsn = PageGetLSN(BufferGetPage(buf));
@@ -880,7 +891,12 @@ secure_horizon(TimestampTz need)
 		sequence_lsn(ids.horizon) == dlock_mem_db_horizon_lsn(ids.seq, 0))
 		return true;
 
-	LockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
+	/*
+	 * The slow path, under a lock that conflicts with every setval of the
+	 * sequence (RowExclusiveLock) but our own: nobody else moves it between
+	 * our reading it, setting it and reading its page's LSN.
+	 */
+	LockRelationOid(ids.horizon, ShareRowExclusiveLock);
 	memory_state(&barrier, &horizon, &unknown);
 	current = read_horizon();
 	if (current > horizon && current == dlock_mem_db_pending(ids.seq))
@@ -893,17 +909,29 @@ secure_horizon(TimestampTz need)
 	}
 	else if (current > horizon)
 	{
-		/* set by somebody else (a restore): leases may run until then */
+		/*
+		 * Set by somebody else (a restore): leases may run until then.
+		 * Relied on from now on, so confirmed like ours.
+		 */
+		raise_synchronous_commit();
+		secure_sequence(ids.horizon, false);
 		moved_by_others = current > GetCurrentTimestamp();
 		dlock_mem_db_advance(ids.seq, current, moved_by_others);
 		horizon = current;
 	}
-	if (need > horizon)
+	if (need > horizon || current < horizon)
 	{
 		Section		s;
-		TimestampTz next = need + (int64) dlock_horizon_margin_ms * 1000;
+		TimestampTz next = Max(need + (int64) dlock_horizon_margin_ms * 1000,
+							   horizon);
 
-		/* if the confirmation below is cancelled, the next one finishes it */
+		/*
+		 * The sequence is behind what leases rely on when somebody set it
+		 * back (a data-only restore of an older dump) or it is not the one
+		 * we set (a rolled-back ALTER EXTENSION UPDATE made and dropped
+		 * one): set it to what we know, never lower.  If the confirmation
+		 * below is cancelled, the next caller finishes it.
+		 */
 		dlock_mem_db_set_pending(ids.seq, next);
 		section_begin(&s);
 		(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),
@@ -915,7 +943,7 @@ secure_horizon(TimestampTz need)
 	}
 	/* what the sequence's page says now is what we know */
 	(void) dlock_mem_db_horizon_lsn(ids.seq, sequence_lsn(ids.horizon));
-	UnlockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
+	UnlockRelationOid(ids.horizon, ShareRowExclusiveLock);
 	return !moved_by_others;
 }
 
@@ -962,7 +990,8 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 	bool		seq_only;
 
 	dlock_check_writable();
-	storage_ids();
+	/* the table's lock, kept: a DROP EXTENSION waits for this transaction */
+	table_close(open_leases(AccessShareLock), NoLock);
 	/* no transaction id yet, or one that only earlier memory grants took */
 	seq_only = !TransactionIdIsValid(GetTopTransactionIdIfAny()) ||
 		(seq_only_lxid == MyProc->lxid && XactLastRecEnd == seq_only_end);
@@ -1176,7 +1205,7 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
 		DlockLease	lease;
 
 		dlock_check_writable();
-		storage_ids();
+		table_close(open_leases(AccessShareLock), NoLock);	/* as in a grant */
 		dlock_mem_read(k, len, &lease);
 		if (!lease.found)
 			elog(ERROR, "dlock: lease of a held key vanished");

@@ -16,6 +16,10 @@
 #    standbys that never answer, statement_timeout) leaves the horizon
 #    sequence ahead of what was confirmed: the next grant confirms it, it
 #    does not take it for a restore's and lock the database out.
+# 6. The horizon sequence is never left behind a lease: not after it was
+#    set back (a data-only restore of an older dump), nor after a rolled
+#    back ALTER EXTENSION UPDATE that granted (its sequence is gone, the
+#    horizon it set is not), and that session grants without an error.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -185,6 +189,46 @@ is($node->safe_psql('c', q{SELECT count(*) FROM dlock.try_acquire('short', '1 s'
 	'1', '... and so is a short one: the database is not locked out');
 is($node->safe_psql('c', "SELECT dlock.check_fence('holder', $hold_fence)"),
 	't', 'the lease held before is still held');
+
+# 6. The horizon sequence behind a lease.
+sub horizon_covers
+{
+	my ($db, $key) = @_;
+	return $node->safe_psql($db, qq{
+		SELECT (SELECT last_value FROM dlock.horizon_seq)
+		  >= ((extract(epoch FROM expires_at)
+			  - extract(epoch FROM timestamptz '2000-01-01 00:00:00+00'))
+			 * 1000000)::int8
+		FROM dlock.lease_status WHERE key = '$key'});
+}
+$node->safe_psql('c', q{SELECT count(*) FROM dlock.try_acquire('long', '30 min')});
+$node->safe_psql('c', q{
+	SELECT setval('dlock.horizon_seq',
+		((extract(epoch FROM now() - interval '1 day')
+		  - extract(epoch FROM timestamptz '2000-01-01 00:00:00+00'))
+		 * 1000000)::int8, true)});
+is($node->safe_psql('c', q{SELECT count(*) FROM dlock.try_acquire('brief', '1 min')}),
+	'1', 'a grant after the horizon was set back');
+is(horizon_covers('c', 'long'), 't',
+	'... moved the horizon back over the live lease it had covered');
+
+$node->safe_psql('postgres', 'CREATE DATABASE u2');
+$node->safe_psql('u2', q{CREATE EXTENSION dlock VERSION '0.3'});
+my $u2 = $node->background_psql('u2', on_error_stop => 0);
+$u2->query(q{
+	BEGIN;
+	ALTER EXTENSION dlock UPDATE TO '0.4';
+	SELECT count(*) FROM dlock.try_acquire('probe', '1 hour');
+	SELECT count(*) FROM dlock.lease_status;
+	ROLLBACK});
+$u2->{stderr} = '';
+$node->safe_psql('u2', q{ALTER EXTENSION dlock UPDATE TO '0.4'});
+is($u2->query(q{SELECT count(*) FROM dlock.try_acquire('job', '30 min')}), '1',
+	'after a rolled-back update that granted, the same session grants');
+unlike($u2->{stderr}, qr/ERROR/, '... without an error');
+$u2->quit;
+is(horizon_covers('u2', 'job'), 't',
+	'... and the horizon sequence covers that lease');
 
 $node->stop;
 done_testing();
