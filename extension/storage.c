@@ -892,58 +892,75 @@ secure_horizon(TimestampTz need)
 		return true;
 
 	/*
-	 * The slow path, under a lock that conflicts with every setval of the
-	 * sequence (RowExclusiveLock) but our own: nobody else moves it between
-	 * our reading it, setting it and reading its page's LSN.
+	 * The slow path, under a lock that keeps two backends from moving the
+	 * horizon at once.  (Not one that conflicts with setval's own
+	 * RowExclusiveLock: reading and setting the sequence keep that until
+	 * the transaction ends, and two transactions that had each moved the
+	 * horizon before would deadlock.)  Someone else's setval is noticed by
+	 * the page's LSN: the one recorded at the end is read before the value
+	 * it stands for, so a setval in between shows as a changed LSN at the
+	 * next call; after our own setval the value is read again.
 	 */
-	LockRelationOid(ids.horizon, ShareRowExclusiveLock);
-	memory_state(&barrier, &horizon, &unknown);
-	current = read_horizon();
-	if (current > horizon && current == dlock_mem_db_pending(ids.seq))
+	LockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
+	for (;;)
 	{
-		/* ours, whose confirmation was cancelled: confirm it now */
-		raise_synchronous_commit();
-		secure_sequence(ids.horizon, false);
-		dlock_mem_db_advance(ids.seq, current, false);
-		horizon = current;
-	}
-	else if (current > horizon)
-	{
-		/*
-		 * Set by somebody else (a restore): leases may run until then.
-		 * Relied on from now on, so confirmed like ours.
-		 */
-		raise_synchronous_commit();
-		secure_sequence(ids.horizon, false);
-		moved_by_others = current > GetCurrentTimestamp();
-		dlock_mem_db_advance(ids.seq, current, moved_by_others);
-		horizon = current;
-	}
-	if (need > horizon || current < horizon)
-	{
-		Section		s;
-		TimestampTz next = Max(need + (int64) dlock_horizon_margin_ms * 1000,
-							   horizon);
+		XLogRecPtr	lsn;
 
-		/*
-		 * The sequence is behind what leases rely on when somebody set it
-		 * back (a data-only restore of an older dump) or it is not the one
-		 * we set (a rolled-back ALTER EXTENSION UPDATE made and dropped
-		 * one): set it to what we know, never lower.  If the confirmation
-		 * below is cancelled, the next caller finishes it.
-		 */
-		dlock_mem_db_set_pending(ids.seq, next);
-		section_begin(&s);
-		(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),
-								   Int64GetDatum(next), BoolGetDatum(true));
-		section_end(&s);
-		raise_synchronous_commit();
-		secure_sequence(ids.horizon, false);
-		dlock_mem_db_advance(ids.seq, next, false);
+		memory_state(&barrier, &horizon, &unknown);
+		lsn = sequence_lsn(ids.horizon);
+		current = read_horizon();
+		if (current > horizon && current == dlock_mem_db_pending(ids.seq))
+		{
+			/* ours, whose confirmation was cancelled: confirm it now */
+			raise_synchronous_commit();
+			secure_sequence(ids.horizon, false);
+			dlock_mem_db_advance(ids.seq, current, false);
+			horizon = current;
+		}
+		else if (current > horizon)
+		{
+			/*
+			 * Set by somebody else (a restore): leases may run until then.
+			 * Relied on from now on, so confirmed like ours.
+			 */
+			raise_synchronous_commit();
+			secure_sequence(ids.horizon, false);
+			if (current > GetCurrentTimestamp())
+				moved_by_others = true;
+			dlock_mem_db_advance(ids.seq, current, current > GetCurrentTimestamp());
+			horizon = current;
+		}
+		if (need > horizon || current < horizon)
+		{
+			Section		s;
+			TimestampTz next = Max(need + (int64) dlock_horizon_margin_ms * 1000,
+								   horizon);
+
+			/*
+			 * The sequence is behind what leases rely on when somebody set
+			 * it back (a data-only restore of an older dump) or it is not
+			 * the one we set (a rolled-back ALTER EXTENSION UPDATE made and
+			 * dropped one): set it to what we know, never lower.  If the
+			 * confirmation below is cancelled, the next caller finishes it.
+			 */
+			dlock_mem_db_set_pending(ids.seq, next);
+			section_begin(&s);
+			(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),
+									   Int64GetDatum(next), BoolGetDatum(true));
+			section_end(&s);
+			raise_synchronous_commit();
+			secure_sequence(ids.horizon, false);
+			dlock_mem_db_advance(ids.seq, next, false);
+			/* somebody else's setval since ours: look again */
+			lsn = sequence_lsn(ids.horizon);
+			if (read_horizon() != next)
+				continue;
+		}
+		/* what the sequence's page said before we read it is what we know */
+		(void) dlock_mem_db_horizon_lsn(ids.seq, lsn);
+		break;
 	}
-	/* what the sequence's page says now is what we know */
-	(void) dlock_mem_db_horizon_lsn(ids.seq, sequence_lsn(ids.horizon));
-	UnlockRelationOid(ids.horizon, ShareRowExclusiveLock);
+	UnlockRelationOid(ids.horizon, ShareUpdateExclusiveLock);
 	return !moved_by_others;
 }
 

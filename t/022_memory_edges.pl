@@ -20,6 +20,9 @@
 #    set back (a data-only restore of an older dump), nor after a rolled
 #    back ALTER EXTENSION UPDATE that granted (its sequence is gone, the
 #    horizon it set is not), and that session grants without an error.
+# 7. Many transactions moving the horizon at once, each granting twice,
+#    right after the database's first use (whose read of the horizon keeps
+#    the sequence's RowExclusiveLock): no deadlock, no failure.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -229,6 +232,45 @@ unlike($u2->{stderr}, qr/ERROR/, '... without an error');
 $u2->quit;
 is(horizon_covers('u2', 'job'), 't',
 	'... and the horizon sequence covers that lease');
+
+# 7. Concurrent moves of the horizon (a margin of 0: every grant moves it).
+$node->safe_psql('postgres', 'DROP DATABASE u2');
+$node->safe_psql('postgres', 'CREATE DATABASE p');
+$node->safe_psql('p', 'CREATE EXTENSION dlock');
+$node->append_conf('postgresql.conf', "dlock.horizon_margin = 0\n");
+$node->reload;
+my $script = $node->basedir . '/two_grants.sql';
+PostgreSQL::Test::Utils::append_to_file($script, q{
+BEGIN;
+SELECT count(*) FROM dlock.try_acquire('a' || (random() * 40)::int, (1 + random() * 3)::int * interval '100 ms');
+SELECT count(*) FROM dlock.try_acquire('b' || (random() * 40)::int, (1 + random() * 3)::int * interval '100 ms');
+COMMIT;
+});
+# two transactions that each moved the horizon, then move it again
+my ($ta, $tb) = map { $node->background_psql('p', on_error_stop => 0) } 1 .. 2;
+# (a statement_timeout, so that a wait for the other shows as a failure)
+$ta->query(q{SET statement_timeout = '5s'; BEGIN; SELECT count(*) FROM dlock.try_acquire('tx', '1 min')});
+$tb->query(q{SET statement_timeout = '5s'; BEGIN; SELECT count(*) FROM dlock.try_acquire('ty', '2 min')});
+$ta->query_until(qr/sent/, "\\echo sent\nSELECT count(*) FROM dlock.try_acquire('tz', '3 min');\n");
+my $second = $tb->query(q{SELECT count(*) FROM dlock.try_acquire('tw', '4 min')});
+my $first = $ta->query('SELECT 1');
+is($second, '1', 'a transaction that moved the horizon moves it again while another did too');
+unlike($ta->{stderr} . $tb->{stderr}, qr/deadlock|timeout/,
+	'... without waiting for it, nor a deadlock');
+$ta->query('COMMIT');
+$tb->query('COMMIT');
+$ta->quit;
+$tb->quit;
+
+my $logstart = -s $node->logfile;
+my ($pb_out, $pb_err) = ('', '');
+IPC::Run::run([ 'pgbench', '-n', '-c', '8', '-T', '3', '-f', $script,
+		'-h', $node->host, '-p', $node->port, 'p' ],
+	'>', \$pb_out, '2>', \$pb_err);
+like($pb_out, qr/number of failed transactions: 0 /,
+	'8 clients moving the horizon at once, two grants a transaction: no failure');
+unlike(substr(PostgreSQL::Test::Utils::slurp_file($node->logfile), $logstart),
+	qr/deadlock detected/, '... and no deadlock');
 
 $node->stop;
 done_testing();
