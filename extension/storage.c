@@ -507,6 +507,27 @@ row_to_lease(Relation rel, HeapTuple tup, DlockLease *lease)
 }
 
 /*
+ * Lock sequence seqid (AccessShareLock, kept until the transaction ends),
+ * so that a DROP EXTENSION waits for us; one that committed while we
+ * waited is a clear error, not "could not open relation".
+ */
+static void
+keep_sequence(Oid seqid)
+{
+	Relation	seq = try_relation_open(seqid, AccessShareLock);
+
+	if (seq == NULL)
+	{
+		ids.valid = false;
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("a sequence of extension dlock was dropped"),
+				 errhint("The extension was dropped, or dropped and created again, while this call ran: call again.")));
+	}
+	relation_close(seq, NoLock);
+}
+
+/*
  * The horizon: a time that no lease granted in memory mode outlives (lock
  * delay included), kept in dlock.horizon_seq; 0 when it was never set or
  * the extension predates it.  Read as the storage's owner.
@@ -520,6 +541,7 @@ read_horizon(void)
 
 	if (!OidIsValid(ids.horizon))
 		return 0;
+	keep_sequence(ids.horizon);
 	section_begin(&s);
 	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = ObjectIdGetDatum(ids.horizon);

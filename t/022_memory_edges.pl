@@ -23,6 +23,8 @@
 # 7. Many transactions moving the horizon at once, each granting twice,
 #    right after the database's first use (whose read of the horizon keeps
 #    the sequence's RowExclusiveLock): no deadlock, no failure.
+# 8. A first call in a database that waits for a DROP EXTENSION gets a
+#    clear error (55000) once the drop commits, not XX000.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -271,6 +273,25 @@ like($pb_out, qr/number of failed transactions: 0 /,
 	'8 clients moving the horizon at once, two grants a transaction: no failure');
 unlike(substr(PostgreSQL::Test::Utils::slurp_file($node->logfile), $logstart),
 	qr/deadlock detected/, '... and no deadlock');
+
+# 8. DROP EXTENSION racing the first call.
+$node->safe_psql('postgres', 'CREATE DATABASE d');
+$node->safe_psql('d', 'CREATE EXTENSION dlock');
+my $dropper = $node->background_psql('d', on_error_stop => 0);
+my $caller = $node->background_psql('d', on_error_stop => 0);
+$dropper->query('BEGIN; DROP EXTENSION dlock');
+$caller->query_until(qr/sent/, "\\set VERBOSITY verbose\n\\echo sent\nSELECT dlock.release('x', gen_random_uuid());\n");
+ok( $node->poll_query_until('d', q{
+		SELECT count(*) > 0 FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%dlock.release%'}),
+	'the first call waits for the uncommitted DROP EXTENSION');
+$dropper->query('COMMIT');
+$caller->query('SELECT 1');
+like($caller->{stderr}, qr/ERROR:\s+55000/,
+	'... and gets 55000 when it commits');
+unlike($caller->{stderr}, qr/XX000/, '... not XX000');
+$dropper->quit;
+$caller->quit;
 
 $node->stop;
 done_testing();
