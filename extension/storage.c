@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * storage.c
- *		The lease table dlock.leases and the token sequence dlock.fence_seq:
- *		finding them, reading, writing, durability, and what the current
- *		transaction has verified.
+ *		The lease table dlock.leases and the sequences dlock.fence_seq and
+ *		dlock.horizon_seq: finding them, reading, writing, durability, and
+ *		what the current transaction has verified; in memory mode, the same
+ *		through memstore.c.
  *
  * Finding.  The table and the sequence are found through the extension's
  * own membership (pg_depend rows of deptype 'e'), never by name: a schema
@@ -46,6 +47,14 @@
  * too.  A transaction that wrote anything else keeps its own setting: a
  * release never weakens the durability of the caller's table writes.
  * dlock.async_release = off turns this off (storage_xact_callback).
+ *
+ * Memory mode (dlock.storage = memory).  The leases live in memstore.c's
+ * shared hash instead of the table, and nothing above about rows applies:
+ * a grant's commit is not forced synchronous.  What this file still keeps
+ * durable is the token (as above) and the horizon, dlock.horizon_seq: a
+ * time no lease outlives, moved ahead before a lease that would outlive it
+ * is returned (secure_horizon), and read after every start as the barrier
+ * before which every key is held by an unknown owner (memory_state).
  *
  *-------------------------------------------------------------------------
  */
