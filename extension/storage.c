@@ -1024,6 +1024,27 @@ forget_verified(const char *key, int len)
 }
 
 /*
+ * Fill *lease with a new lease of key for [now, end): a new owner, and the
+ * connection's session mark if it is session-bound; no token yet.
+ */
+static void
+new_lease(DlockLease *lease, const char *key, int len, TimestampTz now,
+		  TimestampTz end, TimestampTz hold_limit,
+		  const DlockGrantOptions *opts)
+{
+	memset(lease, 0, sizeof(DlockLease));
+	new_owner(&lease->owner);
+	lease->found = true;
+	lease->held = true;
+	lease->expires_at = end;
+	lease->granted_at = now;
+	lease->lock_delay = opts->lock_delay;
+	lease->hold_limit = hold_limit;
+	if (opts->session_bound)
+		lease->session_id = dlock_session_mark(key, len);
+}
+
+/*
  * dlock_storage_grant in memory mode: the same lease, recorded in memory
  * (memstore.c) instead of a row.  The horizon and the token are durable
  * before this returns; the transaction's commit is left as it is.
@@ -1043,16 +1064,7 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 	/* no transaction id yet, or one that only earlier memory grants took */
 	seq_only = !TransactionIdIsValid(GetTopTransactionIdIfAny()) ||
 		(seq_only_lxid == MyProc->lxid && XactLastRecEnd == seq_only_end);
-	memset(lease, 0, sizeof(DlockLease));
-	new_owner(&lease->owner);
-	lease->found = true;
-	lease->held = true;
-	lease->expires_at = end;
-	lease->granted_at = now;
-	lease->lock_delay = opts->lock_delay;
-	lease->hold_limit = hold_limit;
-	if (opts->session_bound)
-		lease->session_id = dlock_session_mark(k, len);
+	new_lease(lease, k, len, now, end, hold_limit, opts);
 
 	if (!secure_horizon(end + opts->lock_delay))
 		return false;			/* every key is held until the new barrier */
@@ -1116,16 +1128,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 				 errmsg("session-bound leases need dlock 0.3"),
 				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
 
-	memset(lease, 0, sizeof(DlockLease));
-	new_owner(&lease->owner);
-	lease->found = true;
-	lease->held = true;
-	lease->expires_at = end;
-	lease->granted_at = now;
-	lease->lock_delay = opts->lock_delay;
-	lease->hold_limit = hold_limit;
-	if (opts->session_bound)
-		lease->session_id = dlock_session_mark(k, len);
+	new_lease(lease, k, len, now, end, hold_limit, opts);
 	lease->fence = nextval_internal(ids.seq, false);
 
 	values[Anum_leases_key - 1] = PointerGetDatum(cstring_to_text_with_len(k, len));

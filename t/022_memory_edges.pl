@@ -25,6 +25,8 @@
 #    the sequence's RowExclusiveLock): no deadlock, no failure.
 # 8. A first call in a database that waits for a DROP EXTENSION gets a
 #    clear error (55000) once the drop commits, not XX000.
+# 9. PREPARE TRANSACTION of a transaction that granted is refused (0A000):
+#    its change lives in the backend; the key stays free.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -38,6 +40,7 @@ shared_preload_libraries = 'dlock'
 dlock.storage = memory
 dlock.memory_max_keys = 100
 dlock.horizon_margin = '1s'
+max_prepared_transactions = 2
 });
 $node->start;
 
@@ -292,6 +295,19 @@ like($caller->{stderr}, qr/ERROR:\s+55000/,
 unlike($caller->{stderr}, qr/XX000/, '... not XX000');
 $dropper->quit;
 $caller->quit;
+
+# 9. PREPARE TRANSACTION.
+$node->safe_psql('postgres', 'CREATE DATABASE x');
+$node->safe_psql('x', 'CREATE EXTENSION dlock');
+($state) = run_sql('x', q{
+	BEGIN;
+	SELECT count(*) FROM dlock.try_acquire('prep', '1 min');
+	PREPARE TRANSACTION 'p1'});
+is($state, '0A000', 'PREPARE TRANSACTION after a grant is refused');
+is($node->safe_psql('x', q{SELECT count(*) FROM pg_prepared_xacts}), '0',
+	'... nothing was prepared');
+is($node->safe_psql('x', q{SELECT count(*) FROM dlock.try_acquire('prep', '1 min')}),
+	'1', '... and the key is free');
 
 $node->stop;
 done_testing();
