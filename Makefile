@@ -11,6 +11,7 @@ OBJS = \
 	extension/keylock.o \
 	extension/lease.o \
 	extension/memstore.o \
+	extension/sha256.o \
 	extension/shmem.o \
 	extension/storage.o \
 	extension/trigger.o

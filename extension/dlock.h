@@ -38,6 +38,7 @@
 #include "datatype/timestamp.h"
 #include "fmgr.h"
 #include "nodes/pg_list.h"
+#include "utils/hsearch.h"
 #include "utils/uuid.h"
 
 /* Longest key, in bytes; documented in the README. */
@@ -110,6 +111,22 @@ extern bool dlock_log_events;
 extern bool dlock_async_release;
 extern int	dlock_horizon_margin_ms;
 extern void dlock_settings_check(void);
+extern void dlock_random(void *buf, size_t len, const char *what);
+
+/* A backend's hash table for one transaction's entries (dlock_xact_hash). */
+typedef struct DlockXactHash
+{
+	HTAB	   *htab;			/* NULL until first needed */
+	LocalTransactionId lxid;	/* the transaction whose entries it holds */
+} DlockXactHash;
+extern HTAB *dlock_xact_hash(DlockXactHash *xh, const char *name,
+							 Size keysize, Size entrysize, int flags,
+							 bool create);
+
+/* sha256.c */
+#define DLOCK_SHA256_LEN	32
+extern void dlock_sha256(const void *data, size_t len,
+						 uint8 digest[DLOCK_SHA256_LEN]);
 
 /* lease.c */
 extern DlockLeaseState dlock_lease_state(const DlockLease *lease,
@@ -232,6 +249,8 @@ extern bool dlock_queue_enter(const char *key, int len);
 extern bool dlock_queue_is_head(void);
 extern bool dlock_queue_others(const char *key, int len);
 extern void dlock_queue_leave(void);
+extern void dlock_waiters_add(uint64 h, int delta);
+extern bool dlock_waiters_maybe(uint64 h);
 
 /* fence.c */
 extern int64 dlock_fence_write(const char *key, bool has_token, int64 token,

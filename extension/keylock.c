@@ -62,7 +62,10 @@
  * so no wake-up can slip between its look and its sleep.  Spurious
  * wake-ups are harmless: a waiter looks again and sleeps again.  (When the
  * module is preloaded only the head of a key's FIFO queue registers; see
- * shmem.c.)
+ * shmem.c.  Registrations are then also counted in shared memory, per
+ * bucket of keys, before the waiter looks: a waker that finds no count
+ * after its change skips the lock manager, and a waiter counted too late
+ * for it looks after the change.)
  *
  * Session marks.  A session-bound lease names its connection by a random
  * 64-bit mark, held by that connection as a session-level ExclusiveLock
@@ -81,8 +84,6 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "common/cryptohash.h"
-#include "common/sha2.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
@@ -109,8 +110,22 @@ typedef struct Touched
 	bool		lease_change;	/* locked in a mode that changes leases */
 } Touched;
 
-static HTAB *touched = NULL;
-static LocalTransactionId touched_lxid = InvalidLocalTransactionId;
+static DlockXactHash touched;
+
+/*
+ * This backend's registrations as a waiter, per waiter space (index: busy),
+ * as counted in shared memory (dlock_waiters_add).  An error while
+ * registered gives up the registration's lock with the (sub)transaction;
+ * its count goes at the end of the transaction, or at the next
+ * registration.
+ */
+static struct
+{
+	uint64		hash;
+	bool		counted;
+}			counted_wait[2];
+
+static void uncount_waits(int busy);
 
 /*
  * The 64-bit hash that names key in every lock space: the first 8 bytes of
@@ -123,19 +138,10 @@ static LocalTransactionId touched_lxid = InvalidLocalTransactionId;
 static uint64
 sha256_key_hash(const char *key, int len)
 {
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
-	uint8		digest[PG_SHA256_DIGEST_LENGTH];
+	uint8		digest[DLOCK_SHA256_LEN];
 	uint64		h;
 
-	if (ctx == NULL ||
-		pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) key, len) < 0 ||
-		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OUT_OF_MEMORY),
-				 errmsg("could not hash a dlock key: %s",
-						pg_cryptohash_error(ctx))));
-	pg_cryptohash_free(ctx);
+	dlock_sha256(key, len, digest);
 	memcpy(&h, digest, sizeof(h));
 	return h;
 }
@@ -143,7 +149,7 @@ sha256_key_hash(const char *key, int len)
 /*
  * The hash of the last key hashed, kept for the backend: one call on a key
  * hashes it several times (its lock, its waiters, the wake-ups at the end
- * of the transaction), and starting a SHA-256 costs more than a key
+ * of the transaction), and a SHA-256 costs more than a key
  * lookup.  A pure function of the key, so the cache is never stale.
  */
 static char last_key[DLOCK_MAX_KEY_BYTES];
@@ -204,6 +210,9 @@ wake_space(uint64 h, uint16 space)
 static void
 wake_hash(uint64 h, bool lease_change)
 {
+	/* nobody registered: the common case, told without the lock manager */
+	if (!dlock_waiters_maybe(h))
+		return;
 	wake_space(h, DLOCK_SPACE_BUSY_WAITERS);
 	if (lease_change)
 		wake_space(h, DLOCK_SPACE_WAITERS);
@@ -216,26 +225,13 @@ wake_hash(uint64 h, bool lease_change)
 static void
 remember(uint64 h, bool lease_change)
 {
+	HTAB	   *htab = dlock_xact_hash(&touched, "dlock locked keys",
+										   sizeof(uint64), sizeof(Touched),
+										   HASH_BLOBS, true);
 	Touched    *t;
 	bool		found;
 
-	if (touched_lxid != MyProc->lxid)
-	{
-		/* a previous transaction's table went away with its memory */
-		touched = NULL;
-		touched_lxid = MyProc->lxid;
-	}
-	if (touched == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(uint64);
-		ctl.entrysize = sizeof(Touched);
-		ctl.hcxt = TopTransactionContext;
-		touched = hash_create("dlock locked keys", 16, &ctl,
-							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	t = hash_search(touched, &h, HASH_ENTER, &found);
+	t = hash_search(htab, &h, HASH_ENTER, &found);
 	if (!found)
 		t->lease_change = false;
 	t->lease_change |= lease_change;
@@ -255,17 +251,18 @@ keylock_release_callback(ResourceReleasePhase phase, bool isCommit,
 
 	/*
 	 * (No check of MyProc->lxid here: the top-level transaction has already
-	 * cleared it.  touched is reset at the end of every transaction.)
+	 * cleared it.  touched.lxid is cleared at the end of every transaction,
+	 * so a valid one is this transaction's.)
 	 */
 	if (phase != RESOURCE_RELEASE_AFTER_LOCKS || (!isTopLevel && isCommit))
 		return;
-	if (touched == NULL)
+	if (touched.htab == NULL || touched.lxid == InvalidLocalTransactionId)
 		return;
-	hash_seq_init(&status, touched);
+	hash_seq_init(&status, touched.htab);
 	while ((t = hash_seq_search(&status)) != NULL)
 		wake_hash(t->hash, t->lease_change);
 	if (isTopLevel)
-		touched = NULL;			/* its memory goes with the transaction */
+		touched.lxid = InvalidLocalTransactionId;	/* emptied at next use */
 }
 
 static void session_mark_check(void);
@@ -279,10 +276,14 @@ static void session_mark_check(void);
 static void
 keylock_xact_callback(XactEvent event, void *arg)
 {
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PREPARE)
+		uncount_waits(-1);
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT)
 		session_mark_check();
-	if (event == XACT_EVENT_PRE_PREPARE && touched != NULL &&
-		touched_lxid == MyProc->lxid && hash_get_num_entries(touched) > 0)
+	if (event == XACT_EVENT_PRE_PREPARE &&
+		dlock_xact_hash(&touched, NULL, 0, 0, 0, false) != NULL &&
+		hash_get_num_entries(touched.htab) > 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("cannot PREPARE a transaction that has used dlock"),
@@ -409,9 +410,16 @@ void
 dlock_wait_register(const char *key, int len, bool busy)
 {
 	LOCKTAG		tag;
+	uint64		h = key_hash(key, len);
 
-	hash_locktag(&tag, key_hash(key, len),
-				 busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
+	/* a registration left behind by a subtransaction's abort: drop it */
+	if (counted_wait[busy].counted)
+		dlock_waiters_add(counted_wait[busy].hash, -1);
+	/* counted first: a waker that misses the count sees our look's change */
+	dlock_waiters_add(h, 1);
+	counted_wait[busy].hash = h;
+	counted_wait[busy].counted = true;
+	hash_locktag(&tag, h, busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
 	(void) LockAcquire(&tag, ShareLock, false, false);
 }
 
@@ -424,6 +432,27 @@ dlock_wait_unregister(const char *key, int len, bool busy)
 	hash_locktag(&tag, key_hash(key, len),
 				 busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
 	LockRelease(&tag, ShareLock, false);
+	uncount_waits(busy ? 1 : 0);
+}
+
+/*
+ * Drop the count of our registration in waiter space busy (0 or 1); with
+ * -1, of both.  The registration's lock is gone already (or goes with the
+ * transaction).
+ */
+static void
+uncount_waits(int busy)
+{
+	int			i;
+
+	for (i = 0; i < 2; i++)
+	{
+		if ((busy == -1 || busy == i) && counted_wait[i].counted)
+		{
+			counted_wait[i].counted = false;
+			dlock_waiters_add(counted_wait[i].hash, -1);
+		}
+	}
 }
 
 /* The 64-bit hash of key that names it in shared memory too. */
@@ -522,10 +551,7 @@ dlock_session_mark(const char *key, int len)
 
 		do
 		{
-			if (!pg_strong_random(&mark, sizeof(mark)))
-				ereport(ERROR,
-						(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-						 errmsg("could not generate a random session mark")));
+			dlock_random(&mark, sizeof(mark), "session mark");
 		} while (mark == 0);
 		mark_locktag(&tag, mark);
 		/* a fresh random tag: nobody else can hold it */

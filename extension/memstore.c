@@ -923,10 +923,7 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 	int			attempt;
 	pg_uuid_t	unknown;
 
-	if (!pg_strong_random(unknown.data, UUID_LEN))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-				 errmsg("could not generate a random owner token")));
+	dlock_random(unknown.data, UUID_LEN, "owner token");
 
 	for (attempt = 0; attempt < 2; attempt++)
 	{

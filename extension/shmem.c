@@ -115,12 +115,23 @@ typedef struct WaitSlot
 	uint64		ticket;
 } WaitSlot;
 
+/*
+ * Counts of queued and of registered waiters per bucket of key hashes (a
+ * bucket per hash modulo WAIT_BUCKETS, across databases), so that the
+ * common case, nobody waiting for the key, is told by one atomic read: a
+ * try_acquire then needs no scan of the queue, and the end of a
+ * transaction no question to the lock manager per key it locked.
+ */
+#define WAIT_BUCKETS	1024
+
 typedef struct DlockShared
 {
 	LWLock	   *stats_lock;		/* the hash table; see the file header */
 	LWLock	   *queue_lock;		/* slots and next_ticket */
 	int			nkeys;			/* key entries (not totals) */
 	uint64		next_ticket;
+	pg_atomic_uint32 queued[WAIT_BUCKETS];	/* slots with a ticket */
+	pg_atomic_uint32 waiting[WAIT_BUCKETS];	/* dlock_waiters_add */
 	int			nslots;
 	WaitSlot	slots[FLEXIBLE_ARRAY_MEMBER];	/* by pgprocno */
 } DlockShared;
@@ -192,9 +203,16 @@ shmem_startup(void)
 	{
 		LWLockPadded *locks = GetNamedLWLockTranche("dlock");
 
+		int			i;
+
 		memset(shared, 0, shared_size());
 		shared->stats_lock = &locks[0].lock;
 		shared->queue_lock = &locks[1].lock;
+		for (i = 0; i < WAIT_BUCKETS; i++)
+		{
+			pg_atomic_init_u32(&shared->queued[i], 0);
+			pg_atomic_init_u32(&shared->waiting[i], 0);
+		}
 		shared->nslots = MaxBackends;
 		shared->next_ticket = 1;
 	}
@@ -849,6 +867,7 @@ dlock_queue_enter(const char *key, int len)
 	slot->dbid = MyDatabaseId;
 	slot->hash = hash;
 	slot->ticket = shared->next_ticket++;
+	pg_atomic_fetch_add_u32(&shared->queued[hash % WAIT_BUCKETS], 1);
 	LWLockRelease(shared->queue_lock);
 	my_slot = slot;
 	return true;
@@ -890,6 +909,9 @@ dlock_queue_others(const char *key, int len)
 	if (!dlock_shmem_ready())
 		return false;
 	hash = dlock_key_hash(key, len);
+	/* (a waiter who queues right after this read came after us, too) */
+	if (pg_atomic_read_u32(&shared->queued[hash % WAIT_BUCKETS]) == 0)
+		return false;
 	LWLockAcquire(shared->queue_lock, LW_SHARED);
 	for (i = 0; i < shared->nslots; i++)
 	{
@@ -934,10 +956,44 @@ dlock_queue_leave(void)
 		}
 	}
 	my_slot->ticket = 0;
+	pg_atomic_fetch_sub_u32(&shared->queued[my_slot->hash % WAIT_BUCKETS], 1);
 	LWLockRelease(shared->queue_lock);
 	my_slot = NULL;
 	if (next_procno >= 0)
 		SetLatch(&GetPGProcByNumber(next_procno)->procLatch);
+}
+
+/*
+ * Count a registration (delta 1) or its withdrawal (-1) of a waiter for the
+ * key of hash h (keylock.c).  The increment is a full barrier: it is seen
+ * by anyone whose later look could have been missed by the waiter's look
+ * that follows it.
+ */
+void
+dlock_waiters_add(uint64 h, int delta)
+{
+	if (!dlock_shmem_ready())
+		return;
+	if (delta > 0)
+		pg_atomic_fetch_add_u32(&shared->waiting[h % WAIT_BUCKETS], 1);
+	else
+		pg_atomic_fetch_sub_u32(&shared->waiting[h % WAIT_BUCKETS], 1);
+}
+
+/*
+ * May a waiter be registered for the key of hash h?  Called by a waker
+ * after its change is made (its locks given up, its commit visible): a
+ * waiter that registered before this read is counted, and one that
+ * registers after it looks after the change, so it needs no wake-up.
+ * Without shared memory, always yes.
+ */
+bool
+dlock_waiters_maybe(uint64 h)
+{
+	if (!dlock_shmem_ready())
+		return true;
+	pg_memory_barrier();
+	return pg_atomic_read_u32(&shared->waiting[h % WAIT_BUCKETS]) != 0;
 }
 
 /* ---------------------------------------------------------------------

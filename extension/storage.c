@@ -155,8 +155,11 @@ static LocalTransactionId seq_only_lxid = InvalidLocalTransactionId;
 static XLogRecPtr seq_only_end = InvalidXLogRecPtr;
 
 /* The per-transaction view of verified keys (see DlockKeyState). */
-static HTAB *key_states = NULL;
-static LocalTransactionId key_states_lxid = InvalidLocalTransactionId;
+static DlockXactHash key_states;
+
+/* key_states' table if this transaction has entries there, else NULL */
+#define KEY_STATES() \
+	(MyProc != NULL ? dlock_xact_hash(&key_states, NULL, 0, 0, 0, false) : NULL)
 
 /* Table mode: this backend has seen the horizon pass (see read_barrier). */
 static bool table_barrier_passed = false;
@@ -170,13 +173,12 @@ forget_storage(void)
 {
 	ids.valid = false;
 	table_barrier_passed = false;
-	if (key_states != NULL && MyProc != NULL &&
-		key_states_lxid == MyProc->lxid)
+	if (KEY_STATES() != NULL)
 	{
 		HASH_SEQ_STATUS status;
 		DlockKeyState *st;
 
-		hash_seq_init(&status, key_states);
+		hash_seq_init(&status, key_states.htab);
 		while ((st = hash_seq_search(&status)) != NULL)
 			st->verified = false;
 	}
@@ -680,10 +682,7 @@ table_barrier(DlockLease *lease)
 		return;
 	if (!have_unknown)
 	{
-		if (!pg_strong_random(unknown.data, UUID_LEN))
-			ereport(ERROR,
-					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-					 errmsg("could not generate a random owner token")));
+		dlock_random(unknown.data, UUID_LEN, "owner token");
 		have_unknown = true;
 	}
 	unknown_lease(lease, h, &unknown);
@@ -826,11 +825,19 @@ static XLogRecPtr sequence_lsn(Oid seqid);
 static XLogRecPtr
 sequence_lsn(Oid seqid)
 {
-	Relation	seq = try_relation_open(seqid, AccessShareLock);
+	Relation	seq;
 	Buffer		buf;
 	XLogRecPtr	lsn;
 
-	if (seq == NULL)
+	/*
+	 * Locked until the transaction ends, as nextval and setval lock it, so
+	 * that the next call finds the lock taken already; then the relcache
+	 * tells whether the sequence still exists (try_relation_open would ask
+	 * the catalog cache first, and unlocking costs as much as locking).
+	 */
+	LockRelationOid(seqid, AccessShareLock);
+	seq = RelationIdGetRelation(seqid);
+	if (!RelationIsValid(seq))
 	{
 		ids.valid = false;
 		ereport(ERROR,
@@ -843,7 +850,7 @@ sequence_lsn(Oid seqid)
 	LockBuffer(buf, BUFFER_LOCK_SHARE);
 	lsn = PageGetLSN(BufferGetPage(buf));
 	UnlockReleaseBuffer(buf);
-	relation_close(seq, AccessShareLock);
+	RelationClose(seq);
 	return lsn;
 }
 
@@ -999,10 +1006,7 @@ secure_horizon(TimestampTz need)
 static void
 new_owner(pg_uuid_t *owner)
 {
-	if (!pg_strong_random(owner->data, UUID_LEN))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-				 errmsg("could not generate a random owner token")));
+	dlock_random(owner->data, UUID_LEN, "owner token");
 	owner->data[6] = (owner->data[6] & 0x0f) | 0x40;	/* version 4 */
 	owner->data[8] = (owner->data[8] & 0x3f) | 0x80;	/* RFC 4122 variant */
 }
@@ -1014,7 +1018,7 @@ forget_verified(const char *key, int len)
 	DlockKeyState *st;
 	char	   *k;
 
-	if (key_states == NULL || key_states_lxid != MyProc->lxid)
+	if (KEY_STATES() == NULL)
 		return;
 	k = pnstrdup(key, len);
 	st = dlock_key_state(k, false);
@@ -1456,33 +1460,22 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff, bool force)
 /*
  * Return the state of key in the current transaction; create it (nothing
  * known) when create is set, else return NULL when there is none.  The
- * table lives in TopTransactionContext and is recognized as stale by the
- * local transaction id when a new transaction starts.
+ * table is kept for the backend and emptied at the first use in each
+ * transaction (dlock_xact_hash).
  */
 DlockKeyState *
 dlock_key_state(const char *key, bool create)
 {
+	HTAB	   *htab = dlock_xact_hash(&key_states, "dlock fenced keys",
+									   DLOCK_MAX_KEY_BYTES + 1,
+									   sizeof(DlockKeyState), HASH_STRINGS,
+									   create);
 	bool		found;
 	DlockKeyState *st;
 
-	if (key_states_lxid != MyProc->lxid)
-	{
-		key_states = NULL;
-		key_states_lxid = MyProc->lxid;
-	}
-	if (key_states == NULL)
-	{
-		HASHCTL		ctl;
-
-		if (!create)
-			return NULL;
-		ctl.keysize = DLOCK_MAX_KEY_BYTES + 1;
-		ctl.entrysize = sizeof(DlockKeyState);
-		ctl.hcxt = TopTransactionContext;
-		key_states = hash_create("dlock fenced keys", 16, &ctl,
-								 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-	}
-	st = hash_search(key_states, key, create ? HASH_ENTER : HASH_FIND, &found);
+	if (htab == NULL)
+		return NULL;
+	st = hash_search(htab, key, create ? HASH_ENTER : HASH_FIND, &found);
 	if (create && !found)
 	{
 		st->presented = false;
@@ -1505,10 +1498,9 @@ storage_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 	if (event == SUBXACT_EVENT_ABORT_SUB)
 		dlock_mem_subxact_abort(mySubid);
-	if (event != SUBXACT_EVENT_ABORT_SUB || key_states == NULL ||
-		key_states_lxid != MyProc->lxid)
+	if (event != SUBXACT_EVENT_ABORT_SUB || KEY_STATES() == NULL)
 		return;
-	hash_seq_init(&status, key_states);
+	hash_seq_init(&status, key_states.htab);
 	while ((st = hash_seq_search(&status)) != NULL)
 		st->verified = false;
 }
@@ -1532,7 +1524,14 @@ storage_xact_callback(XactEvent event, void *arg)
 	if (event == XACT_EVENT_PRE_COMMIT && seq_only_lxid == MyProc->lxid)
 	{
 		seq_only_lxid = InvalidLocalTransactionId;
+
+		/*
+		 * Without a transaction id (the sequences logged nothing this time,
+		 * 31 grants in 32) the commit writes no record and never flushes:
+		 * setting the GUC would only cost time.
+		 */
 		if (XactLastRecEnd == seq_only_end &&
+			TransactionIdIsValid(GetTopTransactionIdIfAny()) &&
 			synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
 			(void) set_config_option("synchronous_commit", "off",
 									 PGC_USERSET, PGC_S_SESSION,

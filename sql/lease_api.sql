@@ -155,3 +155,24 @@ SHOW synchronous_commit;
 COMMIT;
 SHOW synchronous_commit;
 RESET synchronous_commit;
+
+-- A key's lock is named by the first 8 bytes of its SHA-256 (keylock.c;
+-- sha256.c computes it): pg_locks shows them, in this little-endian
+-- machine's byte order, as objid and classid of the grant's lock.  Keys of
+-- every length around the block boundaries (55, 56, 64, 119, 120 bytes),
+-- the longest, and multibyte characters.
+BEGIN;
+CREATE TEMP TABLE hashed_keys AS
+  SELECT repeat('x', n) AS key FROM generate_series(1, 130) n
+  UNION ALL SELECT repeat('y', 512) UNION ALL SELECT 'clé-€-' || repeat('z', 50);
+SELECT count(*) AS granted FROM hashed_keys, LATERAL dlock.try_acquire(key, '1 minute');
+SELECT count(*) AS named_by_sha256 FROM hashed_keys k,
+  LATERAL (SELECT sha256(convert_to(k.key, getdatabaseencoding())) AS d) s
+WHERE EXISTS (SELECT FROM pg_locks l
+  WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()
+    AND l.objsubid = 17484 AND l.mode = 'ExclusiveLock'
+    AND l.objid::bigint = get_byte(s.d, 0) + get_byte(s.d, 1) * 256 +
+        get_byte(s.d, 2) * 65536 + get_byte(s.d, 3) * 16777216::bigint
+    AND l.classid::bigint = get_byte(s.d, 4) + get_byte(s.d, 5) * 256 +
+        get_byte(s.d, 6) * 65536 + get_byte(s.d, 7) * 16777216::bigint);
+ROLLBACK;
