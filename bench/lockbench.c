@@ -35,8 +35,12 @@
  *				at the end
  *	update-plain	UPDATE stock_plain SET qty = qty + 1 WHERE id = i
  *	update-fenced	UPDATE stock_fenced SET qty = qty + 1
+ *				WHERE id = i AND dlock.fenced('stock:' || i, token)
+ *				(stock_fenced has dlock.fence_guard('stock:{id}'))
+ *	update-fenced-join	the same, presenting the token in the other
+ *				one-statement form: UPDATE stock_fenced SET qty = qty + 1
  *				FROM (SELECT dlock.use_fence('stock:' || i, token)) AS f
- *				WHERE id = i	(stock_fenced has dlock.fence_guard('stock:{id}'))
+ *				WHERE id = i
  *	bulk-plain	UPDATE bulk_plain SET qty = qty + 1 WHERE cid = i  (1000 rows)
  *	bulk-fenced	UPDATE bulk_fenced ... FROM (SELECT dlock.use_fence('bulk:' || i,
  *				token)) AS f WHERE cid = i	(fence_guard('bulk:{cid}'))
@@ -86,13 +90,15 @@
 typedef enum
 {
 	W_DLOCK, W_DLOCK_WAIT, W_ADVISORY, W_ADVISORY_WAIT, W_SQLLEASE, W_REDIS,
-	W_RENEW, W_UPDATE_PLAIN, W_UPDATE_FENCED, W_BULK_PLAIN, W_BULK_FENCED,
+	W_RENEW, W_UPDATE_PLAIN, W_UPDATE_FENCED, W_UPDATE_FENCED_JOIN,
+	W_BULK_PLAIN, W_BULK_FENCED,
 	W_COUNT
 } Workload;
 
 static const char *const workload_names[W_COUNT] = {
 	"dlock", "dlock-wait", "advisory", "advisory-wait", "sqllease", "redis",
-	"renew", "update-plain", "update-fenced", "bulk-plain", "bulk-fenced",
+	"renew", "update-plain", "update-fenced", "update-fenced-join",
+	"bulk-plain", "bulk-fenced",
 };
 
 /*
@@ -113,6 +119,8 @@ static const char *const first_sql[W_COUNT] = {
 	[W_RENEW] = "SELECT dlock.renew($1, $2, $3)",
 	[W_UPDATE_PLAIN] = "UPDATE stock_plain SET qty = qty + 1 WHERE id = $1",
 	[W_UPDATE_FENCED] = "UPDATE stock_fenced SET qty = qty + 1 "
+	"WHERE id = $1 AND dlock.fenced('stock:' || $1, $2)",
+	[W_UPDATE_FENCED_JOIN] = "UPDATE stock_fenced SET qty = qty + 1 "
 	"FROM (SELECT dlock.use_fence('stock:' || $1, $2)) AS f WHERE id = $1",
 	[W_BULK_PLAIN] = "UPDATE bulk_plain SET qty = qty + 1 WHERE cid = $1",
 	[W_BULK_FENCED] = "UPDATE bulk_fenced SET qty = qty + 1 "
@@ -121,7 +129,7 @@ static const char *const first_sql[W_COUNT] = {
 static const int first_nparams[W_COUNT] = {
 	[W_DLOCK] = 2, [W_DLOCK_WAIT] = 3, [W_ADVISORY] = 1, [W_ADVISORY_WAIT] = 1,
 	[W_SQLLEASE] = 2, [W_RENEW] = 3, [W_UPDATE_PLAIN] = 1, [W_UPDATE_FENCED] = 2,
-	[W_BULK_PLAIN] = 1, [W_BULK_FENCED] = 2,
+	[W_UPDATE_FENCED_JOIN] = 2, [W_BULK_PLAIN] = 1, [W_BULK_FENCED] = 2,
 };
 static const unsigned int id_token_types[2] = {INT4OID, INT8OID};
 
@@ -366,7 +374,8 @@ pg_single_cycle(Client *c, PGconn *conn, const char *const *params)
 		if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0))
 			die("renew found the lease lost", params[0]);
 	}
-	else if (workload == W_UPDATE_PLAIN || workload == W_UPDATE_FENCED)
+	else if (workload == W_UPDATE_PLAIN || workload == W_UPDATE_FENCED ||
+			 workload == W_UPDATE_FENCED_JOIN)
 	{
 		if (strcmp(PQcmdTuples(res), "1") != 0)
 			die("the UPDATE found no row for client", params[0]);
@@ -418,11 +427,12 @@ run_pg(Client *c)
 		snprintf(owner, sizeof(owner), "%s", PQgetvalue(res, 0, 0));
 		PQclear(res);
 	}
-	else if (workload == W_UPDATE_FENCED || workload == W_BULK_FENCED)
+	else if (workload == W_UPDATE_FENCED || workload == W_UPDATE_FENCED_JOIN ||
+			 workload == W_BULK_FENCED)
 	{
 		params[0] = key;
 		snprintf(key, sizeof(key), "%s:%d",
-				 workload == W_UPDATE_FENCED ? "stock" : "bulk", c->id);
+				 workload == W_BULK_FENCED ? "bulk" : "stock", c->id);
 		res = pg_query(conn, "SELECT fence FROM lease_tokens WHERE key = $1", 1, params);
 		if (PQntuples(res) != 1)
 			die("no lease for the client's rows (bench/locks grants them)", key);
@@ -431,7 +441,8 @@ run_pg(Client *c)
 	}
 
 	pg_prepare(conn, "first", first_sql[workload], first_nparams[workload],
-			   workload == W_UPDATE_FENCED || workload == W_BULK_FENCED ||
+			   workload == W_UPDATE_FENCED || workload == W_UPDATE_FENCED_JOIN ||
+			   workload == W_BULK_FENCED ||
 			   workload == W_UPDATE_PLAIN || workload == W_BULK_PLAIN ?
 			   id_token_types : NULL);
 	if (lock)
@@ -623,7 +634,8 @@ usage(void)
 			"                 [--keys K] [--key-prefix P] [--key-suffix X] [--ttl-s T]\n"
 			"                 [--wait-s V] [--sync on|off] [--redis SOCKET]\n"
 			"W: dlock, dlock-wait, advisory, advisory-wait, sqllease, redis (needs\n"
-			"   --redis), renew, update-plain, update-fenced, bulk-plain, bulk-fenced\n");
+			"   --redis), renew, update-plain, update-fenced, update-fenced-join,\n"
+			"   bulk-plain, bulk-fenced\n");
 	exit(2);
 }
 

@@ -27,6 +27,7 @@
 #include "dlock.h"
 
 PG_FUNCTION_INFO_V1(dlock_use_fence);
+PG_FUNCTION_INFO_V1(dlock_fenced);
 PG_FUNCTION_INFO_V1(dlock_check_fence);
 
 /* SQLSTATE of every refused fenced write; documented in the README. */
@@ -194,6 +195,23 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
  * write lock is held until the end of the transaction and the key's
  * verified lease is in the transaction's view.
  */
+/*
+ * Did this transaction verify key's lease with token under its write lock
+ * (st), and is that lease still good for a write now?  While the lock is
+ * held the token cannot change and the lease cannot end or get shorter
+ * except by running out (keylock.c), so the clock and, for a session-bound
+ * lease, its connection are all there is to look at.
+ */
+static bool
+still_verified(const DlockKeyState *st, int64 token, bool monotonic)
+{
+	return st != NULL && st->verified && st->lease.fence == token &&
+		(monotonic ||
+		 (st->lease.held && GetCurrentTimestamp() < st->lease.expires_at &&
+		  (st->lease.session_id == 0 ||
+		   dlock_session_alive(st->lease.session_id))));
+}
+
 int64
 dlock_fence_write(const char *key, bool has_token, int64 token,
 				  bool monotonic, bool written_back, const char *relname)
@@ -203,11 +221,7 @@ dlock_fence_write(const char *key, bool has_token, int64 token,
 	FenceVerdict v;
 
 	/* verified already in this transaction, and still unexpired? */
-	if (has_token && st && st->verified && st->lease.fence == token &&
-		(monotonic ||
-		 (st->lease.held && GetCurrentTimestamp() < st->lease.expires_at &&
-		  (st->lease.session_id == 0 ||
-		   dlock_session_alive(st->lease.session_id)))))
+	if (has_token && still_verified(st, token, monotonic))
 		return token;
 
 	v = judge_unlocked(key, has_token, token, monotonic, &lease);
@@ -240,19 +254,26 @@ fence_key_argument(FunctionCallInfo fcinfo)
 }
 
 /*
- * dlock.use_fence(key, fence): declare that the current transaction writes
- * under the lease of key with token fence.  Raises at once unless that is
- * the key's current, unexpired lease.  Keeps the key's write lock until the
- * transaction ends, so no new grant of key can come before that.
+ * What dlock.use_fence(key, fence) and dlock.fenced(key, fence) do: declare
+ * that the current transaction writes under the lease of key with token
+ * fence.  Raises at once unless that is the key's current, unexpired lease.
+ * Keeps the key's write lock until the transaction ends, so no new grant of
+ * key can come before that.
  */
-Datum
-dlock_use_fence(PG_FUNCTION_ARGS)
+static void
+present_fence(FunctionCallInfo fcinfo)
 {
 	char	   *key = fence_key_argument(fcinfo);
 	int64		fence = PG_GETARG_INT64(1);
 	DlockLease	lease;
 	FenceVerdict v;
 	DlockKeyState *st;
+
+	/* presented and verified already (a call per row, in a WHERE clause) */
+	st = dlock_key_state(key, false);
+	if (st != NULL && st->presented && st->presented_fence == fence &&
+		still_verified(st, fence, false))
+		return;
 
 	v = judge_unlocked(key, true, fence, false, &lease);
 	if (v == FENCE_OK)
@@ -267,7 +288,27 @@ dlock_use_fence(PG_FUNCTION_ARGS)
 	st->presented_fence = fence;
 	st->verified = true;
 	st->lease = lease;
+}
+
+Datum
+dlock_use_fence(PG_FUNCTION_ARGS)
+{
+	present_fence(fcinfo);
 	PG_RETURN_VOID();
+}
+
+/*
+ * dlock.fenced(key, fence): use_fence that returns true, to stand in the
+ * WHERE clause of the write it protects.  PostgreSQL calls it for each row
+ * that passes the clause's other conditions, before the row is written;
+ * the calls after the first in a transaction only compare the clock with
+ * the verified expiry.
+ */
+Datum
+dlock_fenced(PG_FUNCTION_ARGS)
+{
+	present_fence(fcinfo);
+	PG_RETURN_BOOL(true);
 }
 
 /*

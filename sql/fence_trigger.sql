@@ -47,6 +47,41 @@ FROM (SELECT dlock.use_fence('stock-sync:warehouse-42', :a_fence)) AS f
 WHERE sku = 'apple';
 SELECT qty FROM stock WHERE sku = 'apple';
 
+-- dlock.fenced: use_fence returning true, in the write's WHERE clause.
+UPDATE stock SET qty = qty + 1
+WHERE sku = 'apple' AND dlock.fenced('stock-sync:warehouse-42', :a_fence);
+SELECT qty, fence = :a_fence AS stamped_with_a FROM stock WHERE sku = 'apple';
+UPDATE stock SET qty = qty - 1
+WHERE sku = 'apple' AND dlock.fenced('stock-sync:warehouse-42', :a_fence - 1);
+\echo :LAST_ERROR_SQLSTATE
+-- Called for each row that passes the other conditions (here two rows,
+-- the second from what the first call verified), for none when no row
+-- does: then nothing is written and nothing is checked.
+UPDATE stock SET qty = qty + 1
+WHERE warehouse_id = 42 AND sku IN ('apple', 'pear')
+  AND dlock.fenced('stock-sync:warehouse-42', :a_fence);
+SELECT sku, qty FROM stock WHERE sku IN ('apple', 'pear') ORDER BY sku;
+UPDATE stock SET qty = 0
+WHERE sku = 'no such sku' AND dlock.fenced('stock-sync:warehouse-42', :a_fence - 1);
+-- Its cost puts it after the row's own conditions, wherever it is written.
+EXPLAIN (COSTS OFF) UPDATE stock SET qty = 0
+WHERE dlock.fenced('stock-sync:warehouse-42', :a_fence) AND sku = 'apple';
+-- A second call with another token is checked again: refused.
+BEGIN;
+UPDATE stock SET qty = qty - 1
+WHERE sku = 'apple' AND dlock.fenced('stock-sync:warehouse-42', :a_fence);
+UPDATE stock SET qty = qty - 1
+WHERE sku = 'apple' AND dlock.fenced('stock-sync:warehouse-42', :a_fence + 1);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT dlock.fenced('stock-sync:warehouse-42', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT dlock.fenced(NULL, :a_fence);
+\echo :LAST_ERROR_SQLSTATE
+-- (back to the quantities the next part expects)
+UPDATE stock SET qty = CASE sku WHEN 'apple' THEN 10 ELSE 5 END
+WHERE sku IN ('apple', 'pear') AND dlock.fenced('stock-sync:warehouse-42', :a_fence);
+
 -- An INSERT that supplies the token column presents it.
 INSERT INTO stock VALUES (42, 'plum', 7, :a_fence);
 -- An UPDATE presents it only when its SET list assigns the column a token

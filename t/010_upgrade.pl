@@ -10,7 +10,7 @@
 #    columns read NULL for the old rows, and the new arguments
 #    (session_bound, lock_delay) and dlock.max_hold work.
 # 3. Both upgraded databases (from 0.1 and from 0.2, through 0.3 to the
-#    default version, 0.4 since memory mode) have exactly the objects of a
+#    default version, 0.5 since dlock.fenced) have exactly the objects of a
 #    fresh install of it: members, functions with their
 #    arguments and properties, relations, columns, views, types,
 #    sequences, constraints, dependencies, grants, initial privileges and
@@ -120,7 +120,7 @@ is( (run_sql('v02', "SELECT count(*) FROM dlock.try_acquire('sb', '1 hour', sess
 	'42883', '0.2: no session_bound argument before the upgrade');
 my $seq02 = $node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq');
 $node->safe_psql('v02', 'ALTER EXTENSION dlock UPDATE');
-is(version('v02'), '0.4', '0.2 upgraded to 0.4 (the default version)');
+is(version('v02'), '0.5', '0.2 upgraded to 0.5 (the default version)');
 is($node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq02, '0.2 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v02', qq{
@@ -162,7 +162,7 @@ my $rows01 = $node->safe_psql('v01', q{
 	FROM dlock.leases});
 
 $node->safe_psql('v01', 'ALTER EXTENSION dlock UPDATE');
-is(version('v01'), '0.4', '0.1 upgraded to 0.4 by ALTER EXTENSION dlock UPDATE');
+is(version('v01'), '0.5', '0.1 upgraded to 0.5 by ALTER EXTENSION dlock UPDATE');
 is($node->safe_psql('v01', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq01, '0.1 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v01', q{
@@ -250,12 +250,13 @@ is( $node->safe_psql('v01', q{
 	'2 1 1', 'dlock.stats counts what happened before the upgrade too');
 
 #
-# 3. The upgraded installs have exactly the objects of a fresh 0.3 one.
+# 3. The upgraded installs have exactly the objects of a fresh install of
+#    the default version.
 #
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION dlock');
 $node->safe_psql('fresh', $fenced_table);
-is(version('fresh'), '0.4', 'a fresh install is 0.4');
+is(version('fresh'), '0.5', 'a fresh install is 0.5 (0.4 and the update script)');
 
 # Show the lines that only one of two listings has.
 sub diag_lines
