@@ -54,9 +54,10 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockKill;
 use Time::HiRes qw(time usleep);
-use POSIX ();
-use Cwd ();
 
 my $cycles = $ENV{DLOCK_KILL9_CYCLES} // 200;
 my $seed = $ENV{DLOCK_KILL9_SEED} // (time() * 1000 + $$) % 1000000;
@@ -85,7 +86,7 @@ log_connections = off
 log_disconnections = off
 });
 my $bindir = $node->config_data('--bindir');
-start_postmaster();
+start_postmaster($node, 'kill9');
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 my $dir = PostgreSQL::Test::Utils::tempdir;
@@ -102,130 +103,6 @@ my %errors;    # SQLSTATE => how many times clients got it
 
 # The largest token any client has received so far.
 my $max_received = 0;
-
-# Children of process $ppid, from /proc: pid => command line (the
-# postgres process title).
-sub children_of
-{
-	my ($ppid) = @_;
-	my %kids;
-	opendir(my $d, '/proc') or die "cannot read /proc: $!";
-	foreach my $pid (grep { /^\d+$/ } readdir($d))
-	{
-		open(my $f, '<', "/proc/$pid/stat") or next;
-		my $stat = <$f>;
-		close($f);
-		next unless defined $stat && $stat =~ /\) (\S) (\d+) /;
-		next unless $2 == $ppid && $1 ne 'Z';
-		my $cmd = '';
-		if (open(my $c, '<', "/proc/$pid/cmdline"))
-		{
-			local $/;
-			$cmd = <$c> // '';
-			close($c);
-		}
-		$kids{$pid} = $cmd;
-	}
-	closedir($d);
-	return \%kids;
-}
-
-# Processes (not zombies) whose working directory is the data directory:
-# the postmaster and all its children, also orphaned ones.
-sub server_processes
-{
-	my $pgdata = Cwd::realpath($node->data_dir);
-	my @pids;
-	opendir(my $d, '/proc') or die "cannot read /proc: $!";
-	foreach my $pid (grep { /^\d+$/ } readdir($d))
-	{
-		my $cwd = readlink("/proc/$pid/cwd");
-		push @pids, $pid if defined $cwd && $cwd eq $pgdata && !gone($pid);
-	}
-	closedir($d);
-	return @pids;
-}
-
-# Is process $pid gone (or a zombie)?
-sub gone
-{
-	my ($pid) = @_;
-	open(my $f, '<', "/proc/$pid/stat") or return 1;
-	my $stat = <$f>;
-	close($f);
-	return !defined $stat || $stat =~ /\) Z /;
-}
-
-# Wait until every process in @pids is gone; after $limit seconds kill -9
-# the ones left.  Returns how many had to be killed.
-sub wait_gone
-{
-	my ($limit, @pids) = @_;
-	my $deadline = time() + $limit;
-	while (grep { !gone($_) } @pids)
-	{
-		if (time() > $deadline)
-		{
-			my @left = grep { !gone($_) } @pids;
-			kill 'KILL', @left;
-			usleep(10_000) while grep { !gone($_) } @left;
-			return scalar @left;
-		}
-		usleep(2_000);
-	}
-	return 0;
-}
-
-# Start @cmd with stdout and stderr going to files; return its pid.
-# (IPC::Run::start takes tens of milliseconds per process on a busy
-# machine; the loop starts thousands.)
-sub spawn
-{
-	my ($out, $err, @cmd) = @_;
-	my $pid = fork();
-	die "fork: $!" unless defined $pid;
-	if ($pid == 0)
-	{
-		open(STDIN, '<', '/dev/null') or POSIX::_exit(126);
-		open(STDOUT, '>>', $out) or POSIX::_exit(126);
-		open(STDERR, '>>', $err) or POSIX::_exit(126);
-		exec(@cmd) or POSIX::_exit(127);
-	}
-	return $pid;
-}
-
-# Start the postmaster as a child of this script (not through pg_ctl), so
-# that after a kill -9 it is reaped at once and a new one can start (a
-# postmaster refuses to start while the PID in postmaster.pid exists, even
-# as a zombie), and wait until it accepts connections.
-sub start_postmaster
-{
-	my $pid = spawn($node->logfile, $node->logfile,
-		"$bindir/postgres", '-D', $node->data_dir, '--cluster-name=kill9');
-	$node->{_pid} = $pid;
-	wait_ready();
-	return $pid;
-}
-
-# Wait until postmaster.pid says that the server accepts connections.
-sub wait_ready
-{
-	my $pid = $node->{_pid};
-	my $deadline = time() + 180;
-	while (1)
-	{
-		# postmaster.pid: line 1 the PID, line 8 the status
-		if (open(my $f, '<', $node->data_dir . '/postmaster.pid'))
-		{
-			my @l = <$f>;
-			close($f);
-			return if @l >= 8 && $l[0] == $pid && $l[7] =~ /^ready/;
-		}
-		die "the server did not start, see " . $node->logfile
-		  if time() > $deadline || waitpid($pid, POSIX::WNOHANG()) == $pid;
-		usleep(2_000);
-	}
-}
 
 # A client's script of kind $kind.  The scripts are written once; psql
 # variables make them the script of client :c in cycle :cycle (its holder
@@ -378,7 +255,7 @@ for my $cycle (1 .. $cycles)
 		# Its children exit when they notice (in their next wait).  A new
 		# postmaster would refuse to start while one of them is still
 		# attached to the old shared memory.
-		$orphans_killed += wait_gone(10, server_processes());
+		$orphans_killed += wait_gone(10, server_processes($node));
 	}
 	else
 	{
@@ -431,7 +308,7 @@ for my $cycle (1 .. $cycles)
 	foreach (@tokens) { $max_received = $_ if $_ > $max_received }
 
 	# Restart, if the postmaster is gone.
-	start_postmaster() unless defined $node->{_pid};
+	start_postmaster($node, 'kill9') unless defined $node->{_pid};
 
 	# Right after the restart: a new grant, and every acknowledged
 	# hour-long lease renewed by its owner.
@@ -451,7 +328,7 @@ for my $cycle (1 .. $cycles)
 	my $deadline = time() + 60;
 	while (1)
 	{
-		wait_ready();
+		wait_ready($node);
 		unlink "$dir/verify.out", "$dir/verify.err";
 		my $pid = spawn("$dir/verify.out", "$dir/verify.err",
 			@psql, '-v', 'ON_ERROR_STOP=1', '-f', $vsql);

@@ -82,10 +82,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockKill;
 use IPC::Run;
 use Time::HiRes qw(time usleep);
-use POSIX ();
-use Cwd ();
 use List::Util qw(min max);
 
 my $margin_ms = 500;
@@ -266,7 +267,7 @@ log_connections = off
 log_disconnections = off
 } . $memory_conf);
 $bindir = $kn->config_data('--bindir');
-start_postmaster();
+start_postmaster($kn, 'kill9_mem');
 $kn->safe_psql('postgres', 'CREATE EXTENSION dlock');
 is($kn->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'kill -9 server: memory mode');
 
@@ -287,123 +288,6 @@ my %errors;    # SQLSTATE => how many times clients got it
 
 # The largest token any client has received so far.
 my $max_received = 0;
-
-# Children of process $ppid, from /proc: pid => command line.
-sub children_of
-{
-	my ($ppid) = @_;
-	my %kids;
-	opendir(my $d, '/proc') or die "cannot read /proc: $!";
-	foreach my $pid (grep { /^\d+$/ } readdir($d))
-	{
-		open(my $f, '<', "/proc/$pid/stat") or next;
-		my $stat = <$f>;
-		close($f);
-		next unless defined $stat && $stat =~ /\) (\S) (\d+) /;
-		next unless $2 == $ppid && $1 ne 'Z';
-		my $cmd = '';
-		if (open(my $c, '<', "/proc/$pid/cmdline"))
-		{
-			local $/;
-			$cmd = <$c> // '';
-			close($c);
-		}
-		$kids{$pid} = $cmd;
-	}
-	closedir($d);
-	return \%kids;
-}
-
-# Processes (not zombies) whose working directory is the data directory.
-sub server_processes
-{
-	my $pgdata = Cwd::realpath($kn->data_dir);
-	my @pids;
-	opendir(my $d, '/proc') or die "cannot read /proc: $!";
-	foreach my $pid (grep { /^\d+$/ } readdir($d))
-	{
-		my $cwd = readlink("/proc/$pid/cwd");
-		push @pids, $pid if defined $cwd && $cwd eq $pgdata && !gone($pid);
-	}
-	closedir($d);
-	return @pids;
-}
-
-# Is process $pid gone (or a zombie)?
-sub gone
-{
-	my ($pid) = @_;
-	open(my $f, '<', "/proc/$pid/stat") or return 1;
-	my $stat = <$f>;
-	close($f);
-	return !defined $stat || $stat =~ /\) Z /;
-}
-
-# Wait until every process in @pids is gone; after $limit seconds kill -9
-# the ones left.  Returns how many had to be killed.
-sub wait_gone
-{
-	my ($limit, @pids) = @_;
-	my $deadline = time() + $limit;
-	while (grep { !gone($_) } @pids)
-	{
-		if (time() > $deadline)
-		{
-			my @left = grep { !gone($_) } @pids;
-			kill 'KILL', @left;
-			usleep(10_000) while grep { !gone($_) } @left;
-			return scalar @left;
-		}
-		usleep(2_000);
-	}
-	return 0;
-}
-
-# Start @cmd with stdout and stderr going to files; return its pid.
-sub spawn
-{
-	my ($out, $err, @cmd) = @_;
-	my $pid = fork();
-	die "fork: $!" unless defined $pid;
-	if ($pid == 0)
-	{
-		open(STDIN, '<', '/dev/null') or POSIX::_exit(126);
-		open(STDOUT, '>>', $out) or POSIX::_exit(126);
-		open(STDERR, '>>', $err) or POSIX::_exit(126);
-		exec(@cmd) or POSIX::_exit(127);
-	}
-	return $pid;
-}
-
-# Start the postmaster as a child of this script (see t/014) and wait until
-# it accepts connections.
-sub start_postmaster
-{
-	my $pid = spawn($kn->logfile, $kn->logfile,
-		"$bindir/postgres", '-D', $kn->data_dir, '--cluster-name=kill9_mem');
-	$kn->{_pid} = $pid;
-	wait_ready();
-	return $pid;
-}
-
-# Wait until postmaster.pid says that the server accepts connections.
-sub wait_ready
-{
-	my $pid = $kn->{_pid};
-	my $deadline = time() + 180;
-	while (1)
-	{
-		if (open(my $f, '<', $kn->data_dir . '/postmaster.pid'))
-		{
-			my @l = <$f>;
-			close($f);
-			return if @l >= 8 && $l[0] == $pid && $l[7] =~ /^ready/;
-		}
-		die "the server did not start, see " . $kn->logfile
-		  if time() > $deadline || waitpid($pid, POSIX::WNOHANG()) == $pid;
-		usleep(2_000);
-	}
-}
 
 # SQL for a lease's expires_at in microseconds since the Unix epoch.
 sub us { return "(extract(epoch FROM $_[0]) * 1000000)::bigint" }
@@ -581,7 +465,7 @@ sub cycle
 		kill 'KILL', $pm;
 		waitpid($pm, 0);
 		$kn->{_pid} = undef;
-		$orphans_killed += wait_gone(10, server_processes());
+		$orphans_killed += wait_gone(10, server_processes($kn));
 	}
 	else
 	{
@@ -640,7 +524,7 @@ sub cycle
 	}
 	my $latest_end = max(0, values %end);
 
-	start_postmaster() unless defined $kn->{_pid};
+	start_postmaster($kn, 'kill9_mem') unless defined $kn->{_pid};
 
 	# The probe: the renewals of the acknowledged leases of their own (gone
 	# with the restart), then tries to grant every key with an acknowledged
@@ -673,7 +557,7 @@ sub cycle
 	my $deadline = time() + 60;
 	while (1)
 	{
-		wait_ready();
+		wait_ready($kn);
 		unlink "$dir/verify.out", "$dir/verify.err";
 		my $pid = spawn("$dir/verify.out", "$dir/verify.err", @psql, '-f', $vsql);
 		waitpid($pid, 0);
