@@ -188,14 +188,6 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
 }
 
 /*
- * Check a write under key presenting token (when has_token), in the lease
- * or monotonic mode, and raise LF001 unless it may go ahead.  written_back
- * says that the only token in sight was the row's own, written back.
- * relname names the table (NULL for use_fence).  On success the key's
- * write lock is held until the end of the transaction and the key's
- * verified lease is in the transaction's view.
- */
-/*
  * Did this transaction verify key's lease with token under its write lock
  * (st), and is that lease still good for a write now?  While the lock is
  * held the token cannot change and the lease cannot end or get shorter
@@ -212,6 +204,14 @@ still_verified(const DlockKeyState *st, int64 token, bool monotonic)
 		   dlock_session_alive(st->lease.session_id))));
 }
 
+/*
+ * Check a write under key presenting token (when has_token), in the lease
+ * or monotonic mode, and raise LF001 unless it may go ahead.  written_back
+ * says that the only token in sight was the row's own, written back.
+ * relname names the table (NULL for use_fence).  On success the key's
+ * write lock is held until the end of the transaction and the key's
+ * verified lease is in the transaction's view.
+ */
 int64
 dlock_fence_write(const char *key, bool has_token, int64 token,
 				  bool monotonic, bool written_back, const char *relname)
