@@ -44,7 +44,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use IPC::Run;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockFaults;
 
 my $prog = "$ENV{TESTDIR}/chaos/dlock-chaos";
 system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
@@ -59,24 +61,7 @@ $node->start;
 my $bindir = $node->config_data('--bindir');
 
 # Run dlock-chaos with @args; return (exit status, stdout, stderr, counts).
-sub chaos
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	my @cmd = (
-		$prog, '-h', $node->host, '-p', $node->port, '-d', 'postgres',
-		'--logdir' => PostgreSQL::Test::Utils::tempdir, @args);
-	note "running: @cmd";
-	IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
-		IPC::Run::timeout(600));
-	my $rc = $? >> 8;
-	my %c;
-	%c = $1 =~ /(\w+)=(\d+)/g if $out =~ /^dlock-chaos: counts: (.*)$/m;
-	note $out;
-	# the violations found, if any (at most a few hundred lines)
-	note $err if $err ne '';
-	return ($rc, $out, $err, \%c);
-}
+sub chaos { return run_chaos($prog, $node, @_) }
 
 my @crash = (
 	'--pgdata' => $node->data_dir,

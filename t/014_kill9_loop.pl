@@ -56,7 +56,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
 use lib $FindBin::RealBin;
-use DlockKill;
+use DlockFaults;
 use Time::HiRes qw(time usleep);
 
 my $cycles = $ENV{DLOCK_KILL9_CYCLES} // 200;
@@ -245,48 +245,7 @@ for my $cycle (1 .. $cycles)
 
 	# Kill.
 	my $t0 = time();
-	my $pm = $node->{_pid};
-	if (rand() < 0.5)
-	{
-		$kills{postmaster}++;
-		kill 'KILL', $pm;
-		waitpid($pm, 0);
-		$node->{_pid} = undef;
-		# Its children exit when they notice (in their next wait).  A new
-		# postmaster would refuse to start while one of them is still
-		# attached to the old shared memory.
-		$orphans_killed += wait_gone(10, server_processes($node));
-	}
-	else
-	{
-		# Let every client connect first, so that none connects to the
-		# server after it reset itself.
-		my $kids = children_of($pm);
-		my $deadline = time() + 5;
-		while (time() < $deadline)
-		{
-			my $conns = grep { /\[local\]/ } values %$kids;
-			last if $conns >= $nclients;
-			usleep(5_000);
-			$kids = children_of($pm);
-		}
-		my @all = keys %$kids;
-		my @clients = grep { $kids->{$_} =~ /\[local\]/ } @all;
-		my $victim;
-		if (@clients && rand() < 0.75)
-		{
-			$victim = $clients[ int(rand(@clients)) ];
-			$kills{backend}++;
-		}
-		else
-		{
-			$victim = $all[ int(rand(@all)) ];
-			$kills{other}++;
-		}
-		kill 'KILL', $victim;
-		# The postmaster ends all the others, then starts again.
-		$orphans_killed += wait_gone(30, @all);
-	}
+	$orphans_killed += kill_random($node, $nclients, \%kills);
 
 	# Everything the clients printed, they received before the restart.
 	waitpid($_, 0) foreach @h;

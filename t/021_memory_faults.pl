@@ -84,8 +84,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
 use lib $FindBin::RealBin;
-use DlockKill;
-use IPC::Run;
+use DlockFaults;
 use Time::HiRes qw(time usleep);
 use List::Util qw(min max);
 
@@ -116,23 +115,7 @@ is($node->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'chaos server: 
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 # Run dlock-chaos with @args; return (exit status, stdout, stderr, counts).
-sub chaos
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	my @cmd = (
-		$prog, '-h', $node->host, '-p', $node->port, '-d', 'postgres',
-		'--logdir' => PostgreSQL::Test::Utils::tempdir, @args);
-	note "running: @cmd";
-	IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
-		IPC::Run::timeout(600));
-	my $rc = $? >> 8;
-	my %c;
-	%c = $1 =~ /(\w+)=(\d+)/g if $out =~ /^dlock-chaos: counts: (.*)$/m;
-	note $out;
-	note $err if $err ne '';
-	return ($rc, $out, $err, \%c);
-}
+sub chaos { return run_chaos($prog, $node, @_) }
 
 my @crash = (
 	'--pgdata' => $node->data_dir,
@@ -458,42 +441,7 @@ sub cycle
 
 	# Kill (as in t/014).
 	my $t0 = time();
-	my $pm = $kn->{_pid};
-	if (rand() < 0.5)
-	{
-		$kills{postmaster}++;
-		kill 'KILL', $pm;
-		waitpid($pm, 0);
-		$kn->{_pid} = undef;
-		$orphans_killed += wait_gone(10, server_processes($kn));
-	}
-	else
-	{
-		my $kids = children_of($pm);
-		my $deadline = time() + 5;
-		while (time() < $deadline)
-		{
-			my $conns = grep { /\[local\]/ } values %$kids;
-			last if $conns >= $nclients;
-			usleep(5_000);
-			$kids = children_of($pm);
-		}
-		my @all = keys %$kids;
-		my @clients = grep { $kids->{$_} =~ /\[local\]/ } @all;
-		my $victim;
-		if (@clients && rand() < 0.75)
-		{
-			$victim = $clients[ int(rand(@clients)) ];
-			$kills{backend}++;
-		}
-		else
-		{
-			$victim = $all[ int(rand(@all)) ];
-			$kills{other}++;
-		}
-		kill 'KILL', $victim;
-		$orphans_killed += wait_gone(30, @all);
-	}
+	$orphans_killed += kill_random($kn, $nclients, \%kills);
 	# Every process of the old server is gone: nothing was granted after.
 	my $t_gone = time();
 

@@ -1,17 +1,42 @@
-# t/DlockKill.pm: process handling shared by the kill -9 loops (t/014 in
-# table mode, t/021 in memory mode).  The postmaster runs as a child of the
+# t/DlockFaults.pm: what the fault tests share: running the chaos checker
+# (t/013 in table mode, t/021 in memory mode), and the process handling of
+# the kill -9 loops (t/014, t/021), whose postmaster runs as a child of the
 # test script, found and killed through /proc.
-package DlockKill;
+package DlockFaults;
 
 use strict;
 use warnings;
 use Cwd ();
 use Exporter 'import';
+use IPC::Run;
 use POSIX ();
+use PostgreSQL::Test::Utils;
+use Test::More;
 use Time::HiRes qw(time usleep);
 
-our @EXPORT = qw(children_of server_processes gone wait_gone spawn
-  start_postmaster wait_ready);
+our @EXPORT = qw(run_chaos children_of server_processes gone wait_gone spawn
+  start_postmaster wait_ready kill_random);
+
+# Run the chaos checker $prog against $node's database postgres with
+# @args; return (exit status, stdout, stderr, counts).
+sub run_chaos
+{
+	my ($prog, $node, @args) = @_;
+	my ($out, $err) = ('', '');
+	my @cmd = (
+		$prog, '-h', $node->host, '-p', $node->port, '-d', 'postgres',
+		'--logdir' => PostgreSQL::Test::Utils::tempdir, @args);
+	note "running: @cmd";
+	IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout(600));
+	my $rc = $? >> 8;
+	my %c;
+	%c = $1 =~ /(\w+)=(\d+)/g if $out =~ /^dlock-chaos: counts: (.*)$/m;
+	note $out;
+	# the violations found, if any (at most a few hundred lines)
+	note $err if $err ne '';
+	return ($rc, $out, $err, \%c);
+}
 
 # Children of process $ppid, from /proc: pid => command line (the
 # postgres process title).
@@ -141,6 +166,56 @@ sub wait_ready
 		  if time() > $deadline || waitpid($pid, POSIX::WNOHANG()) == $pid;
 		usleep(2_000);
 	}
+}
+
+# kill -9 $node's postmaster (half the time) or one of its children (a
+# client backend three times in four, once $nclients clients are
+# connected), count it in $kills->{postmaster, backend, other}, and wait
+# until every process of the old server is gone.  Returns how many of them
+# had to be killed after the wait (orphans).
+sub kill_random
+{
+	my ($node, $nclients, $kills) = @_;
+	my $pm = $node->{_pid};
+	if (rand() < 0.5)
+	{
+		$kills->{postmaster}++;
+		kill 'KILL', $pm;
+		waitpid($pm, 0);
+		$node->{_pid} = undef;
+		# Its children exit when they notice (in their next wait).  A new
+		# postmaster would refuse to start while one of them is still
+		# attached to the old shared memory.
+		return wait_gone(10, server_processes($node));
+	}
+
+	# Let every client connect first, so that none connects to the server
+	# after it reset itself.
+	my $kids = children_of($pm);
+	my $deadline = time() + 5;
+	while (time() < $deadline)
+	{
+		my $conns = grep { /\[local\]/ } values %$kids;
+		last if $conns >= $nclients;
+		usleep(5_000);
+		$kids = children_of($pm);
+	}
+	my @all = keys %$kids;
+	my @clients = grep { $kids->{$_} =~ /\[local\]/ } @all;
+	my $victim;
+	if (@clients && rand() < 0.75)
+	{
+		$victim = $clients[ int(rand(@clients)) ];
+		$kills->{backend}++;
+	}
+	else
+	{
+		$victim = $all[ int(rand(@all)) ];
+		$kills->{other}++;
+	}
+	kill 'KILL', $victim;
+	# The postmaster ends all the others, then starts again.
+	return wait_gone(30, @all);
 }
 
 1;
