@@ -907,6 +907,20 @@ reclaim_dropped_databases(void)
 	return any;
 }
 
+/* Fill slot for token sequence seq; the caller holds mem->mutex. */
+static void
+fill_slot(MemDatabase *slot, Oid seq, TimestampTz barrier,
+		  TimestampTz horizon, const pg_uuid_t *unknown)
+{
+	slot->seq = seq;
+	slot->barrier = barrier;
+	slot->horizon = horizon;
+	slot->pending = 0;
+	slot->horizon_lsn = InvalidXLogRecPtr;
+	slot->room_checked = 0;
+	slot->unknown_owner = *unknown;
+}
+
 /*
  * Record this database's barrier and horizon for token sequence seq, unless
  * another backend did first.  A slot for an older sequence (the extension
@@ -945,13 +959,7 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 		if (slot != NULL && slot->db != MyDatabaseId)
 		{
 			slot->db = MyDatabaseId;
-			slot->seq = seq;
-			slot->barrier = barrier;
-			slot->horizon = horizon;
-			slot->pending = 0;
-			slot->horizon_lsn = InvalidXLogRecPtr;
-			slot->room_checked = 0;
-			slot->unknown_owner = unknown;
+			fill_slot(slot, seq, barrier, horizon, &unknown);
 		}
 		SpinLockRelease(&mem->mutex);
 		if (slot != NULL || !reclaim_dropped_databases())
@@ -972,13 +980,7 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 		stale = (slot->db == MyDatabaseId && slot->seq != seq);
 		if (stale)
 		{
-			slot->seq = seq;
-			slot->barrier = barrier;
-			slot->horizon = horizon;
-			slot->pending = 0;
-			slot->horizon_lsn = InvalidXLogRecPtr;
-			slot->room_checked = 0;
-			slot->unknown_owner = unknown;
+			fill_slot(slot, seq, barrier, horizon, &unknown);
 		}
 		SpinLockRelease(&mem->mutex);
 		if (stale)
