@@ -59,6 +59,12 @@ typedef struct DlockLease
 {
 	bool		found;			/* the key has a row at all */
 	bool		held;			/* owner is set (may still be expired) */
+	bool		unknown;		/* a placeholder: held by an owner nobody knows
+								 * until expires_at (the horizon); its owner
+								 * and token match nothing */
+	bool		before_switch;	/* table mode: granted before the horizon of a
+								 * memory-mode period, whose tokens for the
+								 * key dlock.leases does not know */
 	pg_uuid_t	owner;
 	int64		fence;			/* highest token ever issued for the key */
 	TimestampTz expires_at;
@@ -132,6 +138,7 @@ extern void dlock_sha256(const void *data, size_t len,
 extern DlockLeaseState dlock_lease_state(const DlockLease *lease,
 										 TimestampTz now);
 extern bool dlock_lease_is_live(const DlockLease *lease, TimestampTz now);
+extern TimestampTz dlock_lease_ended_at(const DlockLease *lease, Oid db);
 
 /* args.c */
 extern void dlock_no_parallel(FunctionCallInfo fcinfo);
@@ -163,6 +170,7 @@ extern void dlock_wait_unregister(const char *key, int len, bool busy);
 extern uint64 dlock_key_hash(const char *key, int len);
 extern int64 dlock_session_mark(const char *key, int len);
 extern bool dlock_session_alive(int64 session_id);
+extern bool dlock_session_alive_in(Oid db, int64 session_id);
 typedef enum DlockKeyLockHeld
 {
 	DLOCK_HELD_NONE,
@@ -203,6 +211,8 @@ extern List *dlock_storage_scan(void);
 #define DLOCK_STORAGE_MEMORY	1
 extern int	dlock_storage_mode;
 extern int	dlock_memory_max_keys;
+extern int	dlock_memory_max_keys_per_db;
+extern int	dlock_memory_max_databases;
 extern bool dlock_memory_mode(void);
 extern void dlock_memstore_init(void);
 extern void dlock_mem_read(const char *key, int len, DlockLease *lease);
@@ -215,6 +225,7 @@ extern void dlock_mem_xact_callback(XactEvent event);
 extern void dlock_mem_subxact_abort(SubTransactionId subid);
 extern bool dlock_mem_db_get(Oid seq, TimestampTz *barrier,
 							 TimestampTz *horizon, pg_uuid_t *unknown_owner);
+extern bool dlock_mem_db_has_slot(void);
 extern void dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon);
 extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon,
 								 bool barrier_too);

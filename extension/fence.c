@@ -43,7 +43,10 @@ typedef enum FenceVerdict
 	FENCE_FOREIGN,				/* token never issued for this key */
 	FENCE_RELEASED,				/* the lease was released */
 	FENCE_EXPIRED,				/* the lease expired */
-	FENCE_DISCONNECTED			/* session-bound, and its connection ended */
+	FENCE_DISCONNECTED,			/* session-bound, and its connection ended */
+	FENCE_NEVER_ISSUED,			/* below 1: no token is ever that */
+	FENCE_UNKNOWN_HOLDER,		/* before the horizon: held by nobody known */
+	FENCE_BEFORE_SWITCH			/* monotonic, and the key's history is lost */
 } FenceVerdict;
 
 /* The state of key's held lease *lease now; count it if it has ended. */
@@ -70,6 +73,16 @@ judge(const char *key, bool has_token, int64 token, bool monotonic,
 
 	if (!has_token)
 		return FENCE_NO_TOKEN;
+
+	/*
+	 * Before comparing anything: a token below 1 was never issued, and a
+	 * placeholder lease (held by an owner nobody knows until the horizon)
+	 * accepts no token at all, whatever its fields say.
+	 */
+	if (token < 1)
+		return FENCE_NEVER_ISSUED;
+	if (lease->unknown)
+		return FENCE_UNKNOWN_HOLDER;
 	if (!lease->found)
 		return FENCE_NO_LEASE;
 	if (token < lease->fence)
@@ -77,7 +90,7 @@ judge(const char *key, bool has_token, int64 token, bool monotonic,
 	if (token > lease->fence)
 		return FENCE_FOREIGN;
 	if (monotonic)
-		return FENCE_OK;
+		return lease->before_switch ? FENCE_BEFORE_SWITCH : FENCE_OK;
 	if (!lease->held)
 		return FENCE_RELEASED;
 	switch (look_ended(key, lease))
@@ -110,7 +123,7 @@ judge_unlocked(const char *key, bool has_token, int64 token, bool monotonic,
 /* Each verdict's name in dlock.log_events lines. */
 static const char *const verdict_names[] = {
 	"ok", "no_token", "written_back", "no_lease", "stale", "foreign",
-	"released", "expired", "disconnected"
+	"released", "expired", "disconnected", "never_issued", "unknown_holder", "before_switch"
 };
 
 /* Format a token for a message: the number, or "none". */
@@ -166,6 +179,18 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
 			msg = "session-bound lease on key \"%s\" ended with its connection";
 			hint = "The connection that took the lease is gone.  Acquire the key again and redo the work under the new token.";
 			break;
+		case FENCE_NEVER_ISSUED:
+			msg = "fencing token for key \"%s\" was never issued";
+			hint = "Tokens start at 1.  Present the token that dlock.acquire() or dlock.try_acquire() returned for this key.";
+			break;
+		case FENCE_BEFORE_SWITCH:
+			msg = "fencing token for key \"%s\" predates the last switch from memory mode";
+			hint = "The tokens issued for the key while dlock.storage was memory are not in dlock.leases and may be greater, so the monotonic mode accepts no token issued before the switch.  Acquire the key again and write under the new token.";
+			break;
+		case FENCE_UNKNOWN_HOLDER:
+			msg = "key \"%s\" is held by an unknown owner until the lease horizon";
+			hint = "After a restart, a crash, a failover or a change of dlock.storage, no token is accepted for any key until every lease granted before could have ended.  Acquire the key after that and write under the new token.";
+			break;
 		default:
 			elog(ERROR, "unexpected fencing verdict %d", (int) verdict);
 			return;
@@ -173,12 +198,16 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
 
 	dlock_count(key, strlen(key), DLOCK_EV_REFUSED);
 	dlock_log_refusal(key, has_token ? token : 0,
-					  lease->found ? lease->fence : 0, verdict_names[verdict]);
+					  lease->found && !lease->unknown ? lease->fence : 0,
+					  verdict_names[verdict]);
 	where = relname ? psprintf("The write to table \"%s\" presented", relname)
 		: pstrdup("The transaction presented");
 	ereport(ERROR,
 			(errcode(ERRCODE_DLOCK_FENCE_REFUSED),
 			 errmsg_internal(msg, key),
+			 lease->unknown ?
+			 errdetail("%s token %s; key \"%s\" has no known token before the horizon.",
+					   where, token_str(has_token, token), key) :
 			 lease->found ?
 			 errdetail("%s token %s; the current token of key \"%s\" is " INT64_FORMAT ".",
 					   where, token_str(has_token, token), key, lease->fence) :

@@ -66,6 +66,31 @@ dlock_lease_state(const DlockLease *lease, TimestampTz now)
 	return DLOCK_LIVE;
 }
 
+/*
+ * When did *lease (of a key of database db) end, for prune() and for
+ * memory mode's eviction?  DT_NOEND while it is live or a lock delay after
+ * it still keeps the key.  A released or expired lease ended at its expiry;
+ * a session-bound lease whose connection is gone ended when the connection
+ * did, which nobody recorded: it counts as ended at its grant.
+ */
+TimestampTz
+dlock_lease_ended_at(const DlockLease *lease, Oid db)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!lease->found || lease->unknown)
+		return DT_NOEND;
+	if (!lease->held)
+		return lease->expires_at;
+	if (lease->session_id != 0 && !dlock_session_alive_in(db, lease->session_id))
+		return Min(lease->granted_at, lease->expires_at);
+	if (lease->expires_at > now)
+		return DT_NOEND;
+	if (lease->lock_delay > 0 && now < lease->expires_at + lease->lock_delay)
+		return DT_NOEND;
+	return lease->expires_at;
+}
+
 /* Is *lease held by someone and live at now? */
 bool
 dlock_lease_is_live(const DlockLease *lease, TimestampTz now)
@@ -156,6 +181,21 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 		dlock_unlock_grant(k, len);
 		return GRANT_BUSY;
 	}
+
+	/*
+	 * Tokens only grow.  A new token at or below one this key was issued
+	 * means that the counter was set back (by hand, or by restoring a
+	 * sequence from somewhere else): refuse, so that no token is issued
+	 * twice, until an administrator moves the counter forward.
+	 */
+	if (prev.found && !prev.unknown && lease->fence <= prev.fence)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dlock's token counter is behind a token it issued for key \"%s\"",
+						text_to_cstring(key)),
+				 errdetail("The key's last token is " INT64_FORMAT "; the counter gave " INT64_FORMAT ".",
+						   prev.fence, lease->fence),
+				 errhint("Something set dlock.token_seq back.  As its owner, move it past every token issued, e.g. SELECT setval('dlock.token_seq', max(fence)) FROM dlock.leases, then grant again.")));
 	dlock_count_grant(k, len, &prev, lease, opts);
 	return GRANT_OK;
 }
@@ -490,7 +530,7 @@ dlock_acquire(PG_FUNCTION_ARGS)
 static bool
 owns(const DlockLease *lease, const pg_uuid_t *owner, TimestampTz now)
 {
-	return dlock_lease_is_live(lease, now) &&
+	return !lease->unknown && dlock_lease_is_live(lease, now) &&
 		memcmp(&lease->owner, owner, sizeof(pg_uuid_t)) == 0;
 }
 
@@ -513,7 +553,7 @@ begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
 			   DlockLease *lease, TimestampTz *now)
 {
 	dlock_read_lease(k, len, lease);
-	if (!lease->found || !lease->held ||
+	if (!lease->found || !lease->held || lease->unknown ||
 		memcmp(&lease->owner, owner, sizeof(pg_uuid_t)) != 0)
 		return false;
 	dlock_lock_for_owner_op(k, len);
