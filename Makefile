@@ -20,7 +20,8 @@ EXTENSION = dlock
 DATA = extension/dlock--0.1.sql extension/dlock--0.2.sql \
 	extension/dlock--0.3.sql extension/dlock--0.4.sql \
 	extension/dlock--0.1--0.2.sql extension/dlock--0.2--0.3.sql \
-	extension/dlock--0.3--0.4.sql extension/dlock--0.4--0.5.sql
+	extension/dlock--0.3--0.4.sql extension/dlock--0.4--0.5.sql \
+	extension/dlock--0.5--0.6.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
 REGRESS = lease_api lease_errors fence_trigger trust operate

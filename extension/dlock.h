@@ -225,7 +225,6 @@ extern void dlock_mem_xact_callback(XactEvent event);
 extern void dlock_mem_subxact_abort(SubTransactionId subid);
 extern bool dlock_mem_db_get(Oid seq, TimestampTz *barrier,
 							 TimestampTz *horizon, pg_uuid_t *unknown_owner);
-extern bool dlock_mem_db_has_slot(void);
 extern void dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon);
 extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon,
 								 bool barrier_too);

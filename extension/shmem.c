@@ -1168,6 +1168,27 @@ dlock_lease_status(PG_FUNCTION_ARGS)
 		Datum		values[10];
 		bool		nulls[10] = {0};
 
+		if (row->lease.unknown)
+		{
+			/*
+			 * Before the horizon the key is held by an owner nobody knows:
+			 * show what a grant would meet, with nothing of a lease that is
+			 * not the one in force.
+			 */
+			memset(nulls, true, sizeof(nulls));
+			values[0] = PointerGetDatum(row->key);
+			nulls[0] = false;
+			values[4] = TimestampTzGetDatum(row->lease.expires_at);
+			nulls[4] = false;
+			values[5] = usecs_interval(row->lease.expires_at - now);
+			nulls[5] = false;
+			values[6] = CStringGetTextDatum("held");
+			nulls[6] = false;
+			values[9] = BoolGetDatum(false);
+			nulls[9] = false;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			continue;
+		}
 		values[0] = PointerGetDatum(row->key);
 		values[1] = PointerGetDatum(row->holder);
 		nulls[1] = (row->holder == NULL);

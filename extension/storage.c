@@ -125,6 +125,8 @@ typedef struct StorageIds
 	Oid			leases;			/* dlock.leases */
 	Oid			seq;			/* dlock.fence_seq */
 	Oid			horizon;		/* dlock.horizon_seq (0.4), or InvalidOid */
+	Oid			token;			/* dlock.token_seq (0.6), or InvalidOid */
+	Oid			horizon_mark;	/* dlock.horizon_mark (0.6), or InvalidOid */
 	Oid			owner;			/* owner of dlock.leases */
 } StorageIds;
 
@@ -154,6 +156,13 @@ static XLogRecPtr release_only_end = InvalidXLogRecPtr;
 static LocalTransactionId seq_only_lxid = InvalidLocalTransactionId;
 static XLogRecPtr seq_only_end = InvalidXLogRecPtr;
 
+/*
+ * Table mode: the transaction that granted or renewed a lease, whose commit
+ * must be synchronous whatever the settings say by then
+ * (force_synchronous_commit, storage_xact_callback).
+ */
+static LocalTransactionId durable_lxid = InvalidLocalTransactionId;
+
 /* The per-transaction view of verified keys (see DlockKeyState). */
 static DlockXactHash key_states;
 
@@ -161,8 +170,12 @@ static DlockXactHash key_states;
 #define KEY_STATES() \
 	(MyProc != NULL ? dlock_xact_hash(&key_states, NULL, 0, 0, 0, false) : NULL)
 
-/* Table mode: this backend has seen the horizon pass (see read_barrier). */
+/*
+ * Table mode: this backend has seen the horizon pass (see table_barrier),
+ * and the horizon it read.
+ */
 static bool table_barrier_passed = false;
+static TimestampTz table_horizon = 0;
 
 /*
  * Forget the cached OIDs, and what this transaction verified against the
@@ -189,7 +202,7 @@ static void
 storage_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == ids.leases || relid == ids.seq ||
-		relid == ids.horizon)
+		relid == ids.horizon || relid == ids.token || relid == ids.horizon_mark)
 		forget_storage();
 }
 
@@ -311,6 +324,10 @@ find_storage(void)
 			found.seq = dep->objid;
 		else if (relkind == RELKIND_SEQUENCE && strcmp(relname, "horizon_seq") == 0)
 			found.horizon = dep->objid;
+		else if (relkind == RELKIND_SEQUENCE && strcmp(relname, "token_seq") == 0)
+			found.token = dep->objid;
+		else if (relkind == RELKIND_SEQUENCE && strcmp(relname, "horizon_mark") == 0)
+			found.horizon_mark = dep->objid;
 	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
@@ -543,23 +560,35 @@ keep_sequence(Oid seqid)
  * delay included), kept in dlock.horizon_seq; 0 when it was never set or
  * the extension predates it.  Read as the storage's owner.
  */
-static TimestampTz
-read_horizon(void)
+static int64
+read_sequence(Oid seqid)
 {
 	LOCAL_FCINFO(fcinfo, 1);
 	Section		s;
 	Datum		d;
 
-	if (!OidIsValid(ids.horizon))
+	if (!OidIsValid(seqid))
 		return 0;
-	keep_sequence(ids.horizon);
+	keep_sequence(seqid);
 	section_begin(&s);
 	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
-	fcinfo->args[0].value = ObjectIdGetDatum(ids.horizon);
+	fcinfo->args[0].value = ObjectIdGetDatum(seqid);
 	fcinfo->args[0].isnull = false;
 	d = pg_sequence_last_value(fcinfo);
 	section_end(&s);
 	return fcinfo->isnull ? 0 : DatumGetInt64(d);
+}
+
+/*
+ * The horizon: the later of dlock.horizon_seq, which pg_dump saves so that
+ * a restore elsewhere waits for it too, and dlock.horizon_mark (0.6),
+ * which it does not save, so that a data-only restore of an older dump,
+ * which sets dlock.horizon_seq back, cannot set the horizon back.
+ */
+static TimestampTz
+read_horizon(void)
+{
+	return Max(read_sequence(ids.horizon), read_sequence(ids.horizon_mark));
 }
 
 /*
@@ -591,8 +620,10 @@ table_max_end(void)
 
 /*
  * Fill *lease with the lease that every key has until the barrier: held
- * by an owner nobody knows (a random token), ending at until, with no
- * token anyone was given.
+ * by an owner nobody knows, ending at until.  It is a placeholder, marked
+ * unknown, and nothing may match it: its owner is random (and owns() and
+ * begin_owner_op refuse it anyway), its token is -1, which no token can
+ * equal since fence.c refuses every token below 1 before comparing.
  */
 static void
 unknown_lease(DlockLease *lease, TimestampTz until, const pg_uuid_t *owner)
@@ -600,7 +631,9 @@ unknown_lease(DlockLease *lease, TimestampTz until, const pg_uuid_t *owner)
 	memset(lease, 0, sizeof(DlockLease));
 	lease->found = true;
 	lease->held = true;
+	lease->unknown = true;
 	lease->owner = *owner;
+	lease->fence = -1;
 	lease->expires_at = until;
 	lease->granted_at = until;
 	lease->hold_limit = DT_NOEND;
@@ -616,7 +649,8 @@ unknown_lease(DlockLease *lease, TimestampTz until, const pg_uuid_t *owner)
  * even if the promotion has ended by the time it is stored.
  */
 static void
-memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown)
+memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown,
+			 bool take_slot)
 {
 	TimestampTz h;
 	TimestampTz b;
@@ -638,7 +672,11 @@ memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown)
 	in_recovery = RecoveryInProgress();
 	h = read_horizon();
 	b = Max(h, table_max_end());
-	if (in_recovery)
+	/*
+	 * A reader takes no slot (they are few, and shared by every database):
+	 * it reads the durable state each time until a writer takes one.
+	 */
+	if (in_recovery || !take_slot)
 	{
 		*barrier = b;
 		*horizon = h;
@@ -660,6 +698,21 @@ memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown)
 }
 
 /*
+ * Table mode: mark *lease when it was granted before the horizon, that is
+ * before the last period in memory mode ended.  Memory mode never writes
+ * dlock.leases, so the row does not know the tokens issued for its key in
+ * that period, which may be greater than its own: the monotonic fencing
+ * mode must not compare with it (fence.c).  A lease granted since is
+ * granted at or after the horizon, since no key is granted before it.
+ */
+static void
+mark_before_switch(DlockLease *lease)
+{
+	lease->before_switch = lease->found && !lease->unknown &&
+		table_horizon != 0 && lease->granted_at < table_horizon;
+}
+
+/*
  * Table mode after a switch back from memory mode: until the horizon has
  * passed, a key without a live lease row is held by an unknown owner.
  * Each backend reads the horizon until it has seen it pass (it only moves
@@ -673,6 +726,8 @@ table_barrier(DlockLease *lease)
 	TimestampTz h = read_horizon();
 	TimestampTz now = GetCurrentTimestamp();
 
+	table_horizon = h;
+	mark_before_switch(lease);
 	if (now >= h)
 	{
 		table_barrier_passed = true;
@@ -707,7 +762,7 @@ dlock_read_lease(const char *key, int len, DlockLease *lease)
 		pg_uuid_t	unknown;
 
 		storage_ids();
-		memory_state(&barrier, &horizon, &unknown);
+		memory_state(&barrier, &horizon, &unknown, false);
 		if (barrier != 0 && GetCurrentTimestamp() < barrier)
 			unknown_lease(lease, barrier, &unknown);
 		else
@@ -723,6 +778,8 @@ dlock_read_lease(const char *key, int len, DlockLease *lease)
 	table_close(rel, AccessShareLock);
 	if (!table_barrier_passed)
 		table_barrier(lease);
+	else
+		mark_before_switch(lease);
 }
 
 /*
@@ -804,10 +861,37 @@ force_synchronous_commit(void)
 	ForceSyncCommit();
 	/* ... and, through the setting, the wait for synchronous standbys */
 	raise_synchronous_commit();
+
+	/*
+	 * The setting above lives in the current GUC nest level: a function's
+	 * own SET synchronous_commit clause, a later SET LOCAL or a rollback to
+	 * a savepoint can undo it before the commit.  storage_xact_callback
+	 * raises it again at pre-commit, at the top level, where nothing can.
+	 */
+	durable_lxid = MyProc->lxid;
 }
 
+/* A sequence as its page holds it (read_sequence_page). */
+typedef struct SeqPage
+{
+	XLogRecPtr	lsn;			/* the page's LSN: its last change's WAL */
+	int64		high;			/* the highest value it may ever have
+								 * returned, the values logged ahead
+								 * included: what it restarts from after a
+								 * crash */
+} SeqPage;
+
+static void read_sequence_page(Oid seqid, SeqPage *page);
+
 /* The LSN of the page of sequence seqid: its last change's WAL. */
-static XLogRecPtr sequence_lsn(Oid seqid);
+static XLogRecPtr
+sequence_lsn(Oid seqid)
+{
+	SeqPage		page;
+
+	read_sequence_page(seqid, &page);
+	return page.lsn;
+}
 
 /*
  * Make the latest value of sequence seqid durable, before the caller can
@@ -822,12 +906,14 @@ static XLogRecPtr sequence_lsn(Oid seqid);
  * flush it and, with synchronous standbys, wait for them to have it.
  * Call with synchronous_commit already raised (raise_synchronous_commit).
  */
-static XLogRecPtr
-sequence_lsn(Oid seqid)
+static void
+read_sequence_page(Oid seqid, SeqPage *page)
 {
 	Relation	seq;
 	Buffer		buf;
-	XLogRecPtr	lsn;
+	Page		p;
+	HeapTupleData tuple;
+	Form_pg_sequence_data data;
 
 	/*
 	 * Locked until the transaction ends, as nextval and setval lock it, so
@@ -848,16 +934,33 @@ sequence_lsn(Oid seqid)
 	buf = ReadBuffer(seq, 0);
 
 	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	lsn = PageGetLSN(BufferGetPage(buf));
+	p = BufferGetPage(buf);
+	page->lsn = PageGetLSN(p);
+	/* a sequence's page holds one tuple; dlock's all count up by 1 */
+	tuple.t_data = (HeapTupleHeader) PageGetItem(p, PageGetItemId(p, FirstOffsetNumber));
+	data = (Form_pg_sequence_data) GETSTRUCT(&tuple);
+	page->high = data->is_called ? data->last_value + data->log_cnt :
+		data->last_value - 1;
 	UnlockReleaseBuffer(buf);
 	RelationClose(seq);
-	return lsn;
 }
+
+static void confirm_lsn(XLogRecPtr lsn, bool token);
 
 static void
 secure_sequence(Oid seqid, bool token)
 {
-	XLogRecPtr	lsn = sequence_lsn(seqid);
+	confirm_lsn(sequence_lsn(seqid), token);
+}
+
+/*
+ * Flush the WAL up to lsn and, when synchronous replication is requested,
+ * wait until the synchronous standbys configured now have it.  token says
+ * what the WAL stands for, for messages (see secure_sequence).
+ */
+static void
+confirm_lsn(XLogRecPtr lsn, bool token)
+{
 	bool		interrupted;
 
 	XLogFlush(lsn);				/* returns at once when already flushed */
@@ -888,11 +991,82 @@ secure_sequence(Oid seqid, bool token)
 				 errhint("Try again; check that the synchronous standbys are connected.")));
 }
 
+/* The WAL to confirm for the token draw_token drew last. */
+static XLogRecPtr drawn_lsn = InvalidXLogRecPtr;
+
+/* Set sequence seqid to value (called), as the storage's owner. */
+static void
+set_sequence(Oid seqid, int64 value)
+{
+	Section		s;
+
+	section_begin(&s);
+	(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(seqid),
+							   Int64GetDatum(value), BoolGetDatum(true));
+	section_end(&s);
+}
+
+/*
+ * Draw a new fencing token.
+ *
+ * Since 0.6 tokens come from dlock.token_seq, which pg_dump does not save,
+ * so that a data-only restore of an older dump cannot set the counter
+ * back.  dlock.fence_seq, which pg_dump does save, is kept at or above
+ * every token token_seq may ever have returned (its values logged ahead
+ * included: one setval every 32 tokens), so that a whole dump restored
+ * into a new database starts its tokens above every token issued before
+ * the dump: there token_seq starts behind fence_seq, and is moved past it
+ * before anything is drawn.  Moving it takes a lock that only these two
+ * moves take, and reads both again under it, so neither ever moves back.
+ * Before 0.6 (no token_seq), tokens come from fence_seq.
+ */
+static int64
+draw_token(void)
+{
+	SeqPage		tok;
+	SeqPage		copy;
+	int64		token;
+
+	if (!OidIsValid(ids.token))
+	{
+		token = nextval_internal(ids.seq, false);
+		drawn_lsn = sequence_lsn(ids.seq);
+		return token;
+	}
+	read_sequence_page(ids.token, &tok);
+	read_sequence_page(ids.seq, &copy);
+	if (tok.high < copy.high)
+	{
+		LockRelationOid(ids.seq, ShareUpdateExclusiveLock);
+		read_sequence_page(ids.token, &tok);
+		read_sequence_page(ids.seq, &copy);
+		if (tok.high < copy.high)
+			set_sequence(ids.token, copy.high);
+		UnlockRelationOid(ids.seq, ShareUpdateExclusiveLock);
+	}
+	/* runs no user code and checks no privilege: no need to be the owner */
+	token = nextval_internal(ids.token, false);
+	read_sequence_page(ids.token, &tok);
+	drawn_lsn = tok.lsn;
+	if (tok.high > copy.high)
+	{
+		LockRelationOid(ids.seq, ShareUpdateExclusiveLock);
+		read_sequence_page(ids.seq, &copy);
+		if (copy.high < tok.high)
+		{
+			set_sequence(ids.seq, tok.high);
+			drawn_lsn = Max(drawn_lsn, sequence_lsn(ids.seq));
+		}
+		UnlockRelationOid(ids.seq, ShareUpdateExclusiveLock);
+	}
+	return token;
+}
+
 /* Make the fencing token just drawn safe to show (secure_sequence). */
 static void
 secure_drawn_fence(void)
 {
-	secure_sequence(ids.seq, true);
+	confirm_lsn(drawn_lsn, true);
 }
 
 /*
@@ -924,10 +1098,26 @@ secure_horizon(TimestampTz need)
 	 * Fast path: the horizon covers the lease, and nobody changed the
 	 * sequence since we last did (its page's LSN would have moved).
 	 */
-	memory_state(&barrier, &horizon, &unknown);
-	if (need <= horizon &&
-		sequence_lsn(ids.horizon) == dlock_mem_db_horizon_lsn(ids.seq, 0))
-		return true;
+	memory_state(&barrier, &horizon, &unknown, true);
+	if (need <= horizon)
+	{
+		XLogRecPtr	lsn = sequence_lsn(ids.horizon);
+
+		if (lsn == dlock_mem_db_horizon_lsn(ids.seq, 0))
+		{
+			/*
+			 * The horizon we rely on was made durable when it was set, but
+			 * perhaps under other settings: with synchronous_standby_names
+			 * empty then and a standby's name in it now, it never reached
+			 * that standby.  Confirm it under today's settings; when it was
+			 * confirmed already this is one comparison with what the
+			 * standbys acknowledged.
+			 */
+			raise_synchronous_commit();
+			confirm_lsn(lsn, false);
+			return true;
+		}
+	}
 
 	/*
 	 * The slow path, under a lock that keeps two backends from moving the
@@ -944,9 +1134,9 @@ secure_horizon(TimestampTz need)
 	{
 		XLogRecPtr	lsn;
 
-		memory_state(&barrier, &horizon, &unknown);
+		memory_state(&barrier, &horizon, &unknown, true);
 		lsn = sequence_lsn(ids.horizon);
-		current = read_horizon();
+		current = read_sequence(ids.horizon);
 		if (current > horizon && current == dlock_mem_db_pending(ids.seq))
 		{
 			/* ours, whose confirmation was cancelled: confirm it now */
@@ -985,15 +1175,27 @@ secure_horizon(TimestampTz need)
 			section_begin(&s);
 			(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),
 									   Int64GetDatum(next), BoolGetDatum(true));
+			/* the copy that no dump saves, only ever moved ahead */
+			if (OidIsValid(ids.horizon_mark) &&
+				read_sequence(ids.horizon_mark) < next)
+				(void) DirectFunctionCall3(setval3_oid,
+										   ObjectIdGetDatum(ids.horizon_mark),
+										   Int64GetDatum(next), BoolGetDatum(true));
 			section_end(&s);
 			raise_synchronous_commit();
-			secure_sequence(ids.horizon, false);
+			confirm_lsn(Max(sequence_lsn(ids.horizon),
+							OidIsValid(ids.horizon_mark) ?
+							sequence_lsn(ids.horizon_mark) : InvalidXLogRecPtr),
+						false);
 			dlock_mem_db_advance(ids.seq, next, false);
 			/* somebody else's setval since ours: look again */
 			lsn = sequence_lsn(ids.horizon);
-			if (read_horizon() != next)
+			if (read_sequence(ids.horizon) != next)
 				continue;
 		}
+		/* whatever set it last, it is relied on from now: confirmed */
+		raise_synchronous_commit();
+		confirm_lsn(lsn, false);
 		/* what the sequence's page said before we read it is what we know */
 		(void) dlock_mem_db_horizon_lsn(ids.seq, lsn);
 		break;
@@ -1072,8 +1274,7 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 
 	if (!secure_horizon(end + opts->lock_delay))
 		return false;			/* every key is held until the new barrier */
-	/* runs no user code and checks no privilege: no need to be the owner */
-	lease->fence = nextval_internal(ids.seq, false);
+	lease->fence = draw_token();
 	raise_synchronous_commit();
 	secure_drawn_fence();
 
@@ -1133,7 +1334,7 @@ dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
 
 	new_lease(lease, k, len, now, end, hold_limit, opts);
-	lease->fence = nextval_internal(ids.seq, false);
+	lease->fence = draw_token();
 
 	values[Anum_leases_key - 1] = PointerGetDatum(cstring_to_text_with_len(k, len));
 	values[Anum_leases_fence - 1] = Int64GetDatum(lease->fence);
@@ -1328,7 +1529,7 @@ dlock_storage_scan(void)
 		pg_uuid_t	unknown;
 
 		storage_ids();
-		memory_state(&barrier, &horizon, &unknown);
+		memory_state(&barrier, &horizon, &unknown, false);
 		/* before the barrier every key is held by an unknown owner */
 		if (barrier != 0 && GetCurrentTimestamp() < barrier)
 			return NIL;
@@ -1344,6 +1545,9 @@ dlock_storage_scan(void)
 		Datum		d;
 
 		row_to_lease(rel, tup, &row->lease);
+		/* what a grant would meet: before the horizon, an unknown owner */
+		if (!table_barrier_passed)
+			table_barrier(&row->lease);
 		row->key = DatumGetTextPCopy(column(rel, tup, Anum_leases_key, &isnull));
 		d = column(rel, tup, Anum_leases_holder, &isnull);
 		if (!isnull)
@@ -1384,7 +1588,7 @@ dlock_storage_old_keys(TimestampTz cutoff)
 		{
 			DlockLeaseRow *row = (DlockLeaseRow *) lfirst(lc);
 
-			if (row->lease.expires_at < cutoff)
+			if (dlock_lease_ended_at(&row->lease, MyDatabaseId) < cutoff)
 				keys = lappend(keys, row->key);
 		}
 		return keys;
@@ -1396,10 +1600,10 @@ dlock_storage_old_keys(TimestampTz cutoff)
 	while (HeapTupleIsValid(tup = systable_getnext(scan)))
 	{
 		bool		isnull;
-		TimestampTz end = DatumGetTimestampTz(heap_getattr(tup, Anum_leases_expires_at,
-														   desc, &isnull));
+		DlockLease	lease;
 
-		if (end < cutoff)
+		row_to_lease(rel, tup, &lease);
+		if (dlock_lease_ended_at(&lease, MyDatabaseId) < cutoff)
 			keys = lappend(keys, DatumGetTextPCopy(heap_getattr(tup, Anum_leases_key,
 																desc, &isnull)));
 	}
@@ -1438,12 +1642,13 @@ dlock_storage_delete_old(text *key, TimestampTz cutoff, bool force)
 	rel = open_for_change(&s);
 	old = fetch_row(rel, k, len);
 	row_to_lease(rel, old, &lease);
-	/* a lock delay still running keeps the row (and the delay) */
+	/*
+	 * A live lease, or a lock delay still running, keeps the row; a
+	 * session-bound lease whose connection is gone has ended
+	 * (dlock_lease_ended_at).
+	 */
 	if (old != NULL &&
-		(force ||
-		 (lease.expires_at < cutoff &&
-		  !(lease.held && lease.lock_delay > 0 &&
-			GetCurrentTimestamp() < lease.expires_at + lease.lock_delay))))
+		(force || dlock_lease_ended_at(&lease, MyDatabaseId) < cutoff))
 	{
 		TM_FailureData tmfd;
 
@@ -1537,13 +1742,29 @@ storage_xact_callback(XactEvent event, void *arg)
 									 PGC_USERSET, PGC_S_SESSION,
 									 GUC_ACTION_LOCAL, true, 0, false);
 	}
-	if (event != XACT_EVENT_PRE_COMMIT ||
-		release_only_lxid != MyProc->lxid)
-		return;
-	release_only_lxid = InvalidLocalTransactionId;
-	if (dlock_async_release && XactLastRecEnd == release_only_end &&
-		synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
-		(void) set_config_option("synchronous_commit", "off",
-								 PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_LOCAL, true, 0, false);
+	if (event == XACT_EVENT_PRE_COMMIT &&
+		release_only_lxid == MyProc->lxid)
+	{
+		release_only_lxid = InvalidLocalTransactionId;
+		if (dlock_async_release && XactLastRecEnd == release_only_end &&
+			synchronous_commit > SYNCHRONOUS_COMMIT_OFF)
+			(void) set_config_option("synchronous_commit", "off",
+									 PGC_USERSET, PGC_S_SESSION,
+									 GUC_ACTION_LOCAL, true, 0, false);
+	}
+
+	/*
+	 * Last, so that nothing above lowers it again: a transaction that
+	 * granted or renewed a lease in table mode commits synchronously,
+	 * synchronous standbys included, whatever a function's SET clause, a
+	 * SET LOCAL or a savepoint rollback did to the setting since.  At
+	 * pre-commit we are at the top level: no GUC level is popped before
+	 * the commit record is written and waited for.
+	 */
+	if (event == XACT_EVENT_PRE_COMMIT && durable_lxid == MyProc->lxid)
+	{
+		durable_lxid = InvalidLocalTransactionId;
+		ForceSyncCommit();
+		raise_synchronous_commit();
+	}
 }

@@ -1,7 +1,7 @@
 -- Bad input: every argument error has a proper SQLSTATE and changes nothing.
 -- Each failing call is followed by its SQLSTATE.
 SELECT count(*) AS rows_before FROM dlock.leases \gset
-SELECT last_value AS seq_before FROM dlock.fence_seq \gset
+SELECT last_value AS seq_before FROM dlock.token_seq \gset
 
 -- NULL arguments: 22004, never a silent NULL
 SELECT dlock.try_acquire(NULL, '1 hour');
@@ -99,4 +99,4 @@ SET dlock.no_such_setting = 1;
 -- Nothing changed: three rows added by the valid calls above, and only
 -- those three calls drew tokens.
 SELECT count(*) - :rows_before AS rows_added FROM dlock.leases;
-SELECT last_value - :seq_before AS tokens_drawn FROM dlock.fence_seq;
+SELECT last_value - :seq_before AS tokens_drawn FROM dlock.token_seq;

@@ -120,7 +120,7 @@ is( (run_sql('v02', "SELECT count(*) FROM dlock.try_acquire('sb', '1 hour', sess
 	'42883', '0.2: no session_bound argument before the upgrade');
 my $seq02 = $node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq');
 $node->safe_psql('v02', 'ALTER EXTENSION dlock UPDATE');
-is(version('v02'), '0.5', '0.2 upgraded to 0.5 (the default version)');
+is(version('v02'), '0.6', '0.2 upgraded to 0.6 (the default version)');
 is($node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq02, '0.2 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v02', qq{
@@ -162,7 +162,7 @@ my $rows01 = $node->safe_psql('v01', q{
 	FROM dlock.leases});
 
 $node->safe_psql('v01', 'ALTER EXTENSION dlock UPDATE');
-is(version('v01'), '0.5', '0.1 upgraded to 0.5 by ALTER EXTENSION dlock UPDATE');
+is(version('v01'), '0.6', '0.1 upgraded to 0.6 by ALTER EXTENSION dlock UPDATE');
 is($node->safe_psql('v01', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq01, '0.1 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v01', q{
@@ -256,7 +256,7 @@ is( $node->safe_psql('v01', q{
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION dlock');
 $node->safe_psql('fresh', $fenced_table);
-is(version('fresh'), '0.5', 'a fresh install is 0.5 (0.4 and the update script)');
+is(version('fresh'), '0.6', 'a fresh install is 0.6 (0.4 and the update scripts)');
 
 # Show the lines that only one of two listings has.
 sub diag_lines
