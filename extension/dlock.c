@@ -301,6 +301,30 @@ _PG_init(void)
 								NULL,
 								NULL,
 								NULL);
+		DefineCustomIntVariable("dlock.memory_max_keys_per_database",
+								gettext_noop("Keys one database may have in shared memory at once, with dlock.storage = memory; 0 for no limit but dlock.memory_max_keys."),
+								gettext_noop("Keeps one database's live leases from taking the whole pool shared by all databases."),
+								&dlock_memory_max_keys_per_db,
+								0,
+								0,
+								100000000,
+								PGC_SIGHUP,
+								0,
+								NULL,
+								NULL,
+								NULL);
+		DefineCustomIntVariable("dlock.memory_max_databases",
+								gettext_noop("Databases that can keep leases in shared memory at once, with dlock.storage = memory."),
+								gettext_noop("A database takes a slot at its first grant, renewal or release, not by reading, and gives it back once it has no entry left and its horizon has passed."),
+								&dlock_memory_max_databases,
+								64,
+								1,
+								65536,
+								PGC_POSTMASTER,
+								0,
+								NULL,
+								NULL,
+								NULL);
 	}
 
 	MarkGUCPrefixReserved("dlock");

@@ -589,10 +589,21 @@ dlock_session_mark(const char *key, int len)
 bool
 dlock_session_alive(int64 mark)
 {
+	return dlock_session_alive_in(MyDatabaseId, mark);
+}
+
+/*
+ * Is the connection whose session mark is mark, in database db, still up?
+ * (Memory mode looks at other databases' entries when it needs room.)
+ */
+bool
+dlock_session_alive_in(Oid db, int64 mark)
+{
 	LOCKTAG		tag;
 
 	mark_locktag(&tag, mark);
-	if (mark == session_mark)
+	tag.locktag_field1 = db;
+	if (mark == session_mark && db == MyDatabaseId)
 		return LockHeldByMe(&tag, ExclusiveLock);
 	if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 		return true;

@@ -42,6 +42,9 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
@@ -61,7 +64,6 @@
 #include "dlock.h"
 
 #define MEM_PARTITIONS		16
-#define MEM_MAX_DATABASES	64
 
 /*
  * What names an entry: the key, zero-padded, in its database, and the hash
@@ -89,6 +91,8 @@ typedef struct MemVersion
 typedef struct MemEntry
 {
 	MemTag		tag;			/* hash key: must be first */
+	int32		pins;			/* transactions with a change of the entry not
+								 * yet committed or undone: never evicted */
 	MemVersion	v;
 } MemEntry;
 
@@ -103,6 +107,7 @@ typedef struct MemDatabase
 	XLogRecPtr	horizon_lsn;	/* the horizon sequence's page LSN we know */
 	TimestampTz room_checked;	/* the last make_room that freed nothing */
 	uint64		room_releases;	/* MemShared.releases then */
+	int32		nentries;		/* its entries in the hash */
 	pg_uuid_t	unknown_owner;
 } MemDatabase;
 
@@ -111,7 +116,7 @@ typedef struct MemShared
 	LWLock	   *partitions[MEM_PARTITIONS];
 	pg_atomic_uint64 releases;	/* releases committed, for make_room */
 	slock_t		mutex;			/* protects dbs */
-	MemDatabase dbs[MEM_MAX_DATABASES];
+	MemDatabase dbs[FLEXIBLE_ARRAY_MEMBER];	/* dlock.memory_max_databases */
 } MemShared;
 
 /* A change of this transaction, not yet committed (the overlay). */
@@ -120,6 +125,7 @@ typedef struct MemChange
 	MemTag		tag;
 	SubTransactionId subid;		/* the subtransaction that made it */
 	bool		created;		/* we reserved the shared entry */
+	bool		pinned;			/* it holds our pin of the shared entry */
 	struct MemChange *prev_same;	/* our earlier change of the key */
 	struct MemChange *prev_log; /* our previous change of any key */
 	MemVersion	v;
@@ -134,12 +140,19 @@ typedef struct MemLatest
 
 int			dlock_storage_mode = DLOCK_STORAGE_TABLE;
 int			dlock_memory_max_keys = 10000;
+int			dlock_memory_max_keys_per_db = 0;
+int			dlock_memory_max_databases = 64;
 
 static MemShared *mem = NULL;
 static HTAB *mem_htab = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static object_access_hook_type prev_object_access_hook = NULL;
+
+#define MEM_SHARED_SIZE \
+	add_size(offsetof(MemShared, dbs), \
+			 mul_size(sizeof(MemDatabase), dlock_memory_max_databases))
 
 /*
  * The overlay: the hash lives as long as the backend (creating one per
@@ -179,7 +192,7 @@ memtag_match(const void *key1, const void *key2, Size keysize)
 static Size
 mem_size(void)
 {
-	return add_size(MAXALIGN(sizeof(MemShared)),
+	return add_size(MAXALIGN(MEM_SHARED_SIZE),
 					hash_estimate_size(dlock_memory_max_keys, sizeof(MemEntry)));
 }
 
@@ -208,13 +221,13 @@ mem_shmem_startup(void)
 		return;
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	mem = ShmemInitStruct("dlock memory", sizeof(MemShared), &found);
+	mem = ShmemInitStruct("dlock memory", MEM_SHARED_SIZE, &found);
 	if (!found)
 	{
 		LWLockPadded *locks = GetNamedLWLockTranche("dlock memory");
 		int			i;
 
-		memset(mem, 0, sizeof(MemShared));
+		memset(mem, 0, MEM_SHARED_SIZE);
 		for (i = 0; i < MEM_PARTITIONS; i++)
 			mem->partitions[i] = &locks[i].lock;
 		SpinLockInit(&mem->mutex);
@@ -233,10 +246,40 @@ mem_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
+static void forget_database(Oid db, bool locked);
+
+/*
+ * DROP DATABASE: forget its entries and free its slot now.  A database
+ * created again later with the same OID (CREATE DATABASE ... OID) must
+ * not find the old one's leases, nor its barrier.
+ */
+static void
+mem_object_access(ObjectAccessType access, Oid classId, Oid objectId,
+				  int subId, void *arg)
+{
+	if (prev_object_access_hook)
+		prev_object_access_hook(access, classId, objectId, subId, arg);
+	if (access == OAT_DROP && classId == DatabaseRelationId && mem != NULL)
+	{
+		int			i;
+
+		forget_database(objectId, false);
+		SpinLockAcquire(&mem->mutex);
+		for (i = 0; i < dlock_memory_max_databases; i++)
+		{
+			if (mem->dbs[i].db == objectId)
+				mem->dbs[i].db = InvalidOid;
+		}
+		SpinLockRelease(&mem->mutex);
+	}
+}
+
 /* Install the hooks; called from _PG_init while preloading. */
 void
 dlock_memstore_init(void)
 {
+	prev_object_access_hook = object_access_hook;
+	object_access_hook = mem_object_access;
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = mem_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
@@ -382,9 +425,53 @@ static bool reclaim_dropped_databases(void);
 #define MEM_EVICT_BATCH		256
 #define MEM_ROOM_RECHECK	USECS_PER_SEC
 
+/* Add delta to database db's count of entries (none below 0). */
+static void
+count_entries(Oid db, int delta)
+{
+	int			i;
+
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < dlock_memory_max_databases; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db == db)
+		{
+			d->nentries = Max(d->nentries + delta, 0);
+			break;
+		}
+	}
+	SpinLockRelease(&mem->mutex);
+}
+
+/* Has this database as many entries as dlock.memory_max_keys_per_database? */
+static bool
+over_database_share(void)
+{
+	bool		over = false;
+	int			i;
+
+	if (dlock_memory_max_keys_per_db <= 0)
+		return false;
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < dlock_memory_max_databases; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db == MyDatabaseId)
+		{
+			over = d->nentries >= dlock_memory_max_keys_per_db;
+			break;
+		}
+	}
+	SpinLockRelease(&mem->mutex);
+	return over;
+}
+
 /*
- * May make_room scan this database's entries?  Not within a second of a
- * scan that freed nothing, unless a lease was released since (an expiry is
+ * May make_room scan the entries?  Not within a second of a scan that
+ * freed nothing, unless a lease was released or ended since (an expiry is
  * noticed within the second).  With found_nothing, record such a scan.
  */
 static bool
@@ -396,7 +483,7 @@ room_worth_scanning(bool found_nothing)
 	int			i;
 
 	SpinLockAcquire(&mem->mutex);
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 	{
 		MemDatabase *d = &mem->dbs[i];
 
@@ -417,21 +504,60 @@ room_worth_scanning(bool found_nothing)
 	return worth;
 }
 
+/* An entry make_room may drop: its name and the lease it had then. */
+typedef struct MemCandidate
+{
+	MemTag		tag;
+	DlockLease	lease;
+} MemCandidate;
+
 /*
- * The hash is full: free what can go without changing what any lease
- * means, and return whether anything was freed.  First the entries of
- * dropped databases; then up to MEM_EVICT_BATCH entries of this database
- * whose lease was released or expired (no lock delay running), each
- * deleted as prune() would, under the key's grant lock taken without
- * waiting (so never one that a transaction in flight is changing).  Like
- * prune(), this loses such a key's history for the monotonic fencing mode.
+ * Remove the entry of tag if nobody has pinned it and its lease is still
+ * *lease; return whether it did.
  */
 static bool
-make_room(void)
+drop_if_unchanged(const MemTag *tag, const DlockLease *lease)
+{
+	LWLock	   *lock = partition_lock(tag->hashcode);
+	MemEntry   *e;
+	bool		dropped = false;
+
+	LWLockAcquire(lock, LW_EXCLUSIVE);
+	e = hash_search_with_hash_value(mem_htab, tag, tag->hashcode,
+									HASH_FIND, NULL);
+	if (e != NULL && e->pins == 0 &&
+		memcmp(&e->v.lease, lease, sizeof(DlockLease)) == 0)
+	{
+		hash_search_with_hash_value(mem_htab, tag, tag->hashcode,
+									HASH_REMOVE, NULL);
+		dropped = true;
+	}
+	LWLockRelease(lock);
+	if (dropped)
+	{
+		count_entries(tag->db, -1);
+		pg_atomic_fetch_add_u64(&mem->releases, 1);
+	}
+	return dropped;
+}
+
+/*
+ * The hash is full (or this database has its whole share, own_only): free
+ * what can go without changing what any lease means, and return whether
+ * anything was freed.  First the entries of dropped databases; then up to
+ * MEM_EVICT_BATCH entries whose lease has ended (released, expired with no
+ * lock delay running, or session-bound with its connection gone), of any
+ * database unless own_only: an ended lease must never deny anybody a
+ * grant.  An entry that a transaction in flight has changed is pinned and
+ * never dropped.  Like prune(), this loses such a key's history for the
+ * monotonic fencing mode.
+ */
+static bool
+make_room(bool own_only)
 {
 	HASH_SEQ_STATUS status;
 	MemEntry   *e;
-	MemTag	   *cand;
+	MemCandidate *cand;
 	int			ncand = 0;
 	int			freed = 0;
 	TimestampTz now = GetCurrentTimestamp();
@@ -443,25 +569,31 @@ make_room(void)
 	/*
 	 * A scan holds every partition lock for as long as it reads the whole
 	 * hash: after one that freed nothing, this database's failing grants
-	 * do not scan again for a second, or until a lease is released (they
-	 * must not slow everybody's commits).
+	 * do not scan again for a second, or until a lease ends (they must not
+	 * slow everybody's commits).
 	 */
 	if (!room_worth_scanning(false))
 		return false;
 
-	cand = palloc(sizeof(MemTag) * MEM_EVICT_BATCH);
+	cand = palloc(sizeof(MemCandidate) * MEM_EVICT_BATCH);
 	for (i = 0; i < MEM_PARTITIONS; i++)
 		LWLockAcquire(mem->partitions[i], LW_SHARED);
 	hash_seq_init(&status, mem_htab);
 	while ((e = hash_seq_search(&status)) != NULL)
 	{
-		if (e->tag.db == MyDatabaseId && e->v.lease.found &&
-			e->v.lease.expires_at < now &&
-			!(e->v.lease.held && e->v.lease.lock_delay > 0 &&
-			  now < e->v.lease.expires_at + e->v.lease.lock_delay))
+		DlockLease *l = &e->v.lease;
+
+		if (e->pins != 0 || !l->found ||
+			(own_only && e->tag.db != MyDatabaseId))
+			continue;
+		/* ended by the clock, or perhaps by its connection (looked at below) */
+		if (!l->held || l->session_id != 0 ||
+			(l->expires_at < now &&
+			 !(l->lock_delay > 0 && now < l->expires_at + l->lock_delay)))
 		{
-			cand[ncand++] = e->tag;
-			if (ncand == MEM_EVICT_BATCH)
+			cand[ncand].tag = e->tag;
+			cand[ncand].lease = *l;
+			if (++ncand == MEM_EVICT_BATCH)
 			{
 				hash_seq_term(&status);
 				break;
@@ -473,13 +605,10 @@ make_room(void)
 
 	for (i = 0; i < ncand; i++)
 	{
-		int			len = strlen(cand[i].key);
-
-		if (!dlock_lock_for_grant(cand[i].key, len))
+		if (dlock_lease_ended_at(&cand[i].lease, cand[i].tag.db) == DT_NOEND)
 			continue;
-		if (dlock_mem_delete_old(cand[i].key, len, now, false))
+		if (drop_if_unchanged(&cand[i].tag, &cand[i].lease))
 			freed++;
-		dlock_unlock_grant(cand[i].key, len);
 	}
 	pfree(cand);
 	if (freed == 0)
@@ -488,11 +617,110 @@ make_room(void)
 }
 
 /*
+ * Pin the shared entry of tag for a change of this transaction, reserving
+ * it (an entry that reads as "no row") when there is none, so that the
+ * copy at commit, which must not fail, always has its entry and nobody
+ * drops it meanwhile.  Return whether it was reserved now.  Fails when
+ * the table is full, or this database has its whole share.
+ */
+static bool
+pin_entry(const MemTag *tag)
+{
+	uint32		hashcode = tag->hashcode;
+	LWLock	   *lock = partition_lock(hashcode);
+	MemEntry   *e;
+	bool		over = false;
+	int			attempt;
+
+	for (attempt = 0; attempt < 3; attempt++)
+	{
+		bool		found;
+
+		LWLockAcquire(lock, LW_EXCLUSIVE);
+		e = hash_search_with_hash_value(mem_htab, tag, hashcode,
+										HASH_FIND, NULL);
+		if (e != NULL)
+		{
+			e->pins++;
+			LWLockRelease(lock);
+			return false;
+		}
+		over = over_database_share();
+		if (!over)
+		{
+			e = hash_search_with_hash_value(mem_htab, tag, hashcode,
+											HASH_ENTER_NULL, &found);
+			if (e != NULL)
+			{
+				memset(&e->v, 0, sizeof(MemVersion));
+				e->v.lease.hold_limit = DT_NOEND;
+				e->v.holder_len = -1;
+				e->pins = 1;
+			}
+		}
+		LWLockRelease(lock);
+		if (e != NULL)
+		{
+			count_entries(MyDatabaseId, 1);
+			return true;
+		}
+		if (!make_room(over))
+			break;
+	}
+	if (over)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("database \"%s\" has as many keys in dlock's shared memory as it may",
+						get_database_name(MyDatabaseId)),
+				 errdetail("dlock.memory_max_keys_per_database is %d, and this database has that many keys with live leases or locked at the moment.",
+						   dlock_memory_max_keys_per_db),
+				 errhint("Entries of ended leases are dropped when room is needed.  Raise dlock.memory_max_keys_per_database, or lower dlock.max_ttl.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_OUT_OF_MEMORY),
+			 errmsg("dlock's shared memory for leases is full"),
+			 errdetail("dlock.memory_max_keys is %d, and that many keys have live leases or are locked at the moment.",
+					   dlock_memory_max_keys),
+			 errhint("Entries of ended leases, of any database, are dropped when room is needed.  Raise dlock.memory_max_keys (needs a restart), set dlock.memory_max_keys_per_database so that no database takes the whole pool, or lower dlock.max_ttl.")));
+	return false;				/* keep compiler quiet */
+}
+
+/*
+ * Give back our pin of the shared entry of tag; an entry that we reserved
+ * and that never got a lease goes with it.
+ */
+static void
+unpin_entry(const MemTag *tag)
+{
+	LWLock	   *lock = partition_lock(tag->hashcode);
+	MemEntry   *e;
+	bool		dropped = false;
+
+	LWLockAcquire(lock, LW_EXCLUSIVE);
+	e = hash_search_with_hash_value(mem_htab, tag, tag->hashcode,
+									HASH_FIND, NULL);
+	if (e != NULL)
+	{
+		if (e->pins > 0)
+			e->pins--;
+		if (e->pins == 0 && !e->v.lease.found)
+		{
+			hash_search_with_hash_value(mem_htab, tag, tag->hashcode,
+										HASH_REMOVE, NULL);
+			dropped = true;
+		}
+	}
+	LWLockRelease(lock);
+	if (dropped)
+		count_entries(tag->db, -1);
+}
+
+/*
  * Record a change of key to *lease (with the holder and the grantor's
  * details when meta is set, else keeping the current ones) in this
  * transaction's overlay; it reaches shared memory at commit.  The caller
- * holds the key lock that serializes changes to the key.  Reserves the
- * shared entry now if there is none, failing when the table is full.
+ * holds the key lock that serializes changes to the key.  The first change
+ * of a key in the transaction pins its shared entry (pin_entry), which
+ * fails when there is no room.
  */
 void
 dlock_mem_write(const char *key, int len, const DlockLease *lease,
@@ -504,43 +732,16 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 	MemLatest  *l;
 	bool		found;
 	bool		created = false;
+	bool		pinned = false;
 	HTAB	   *o;
 
 	make_tag(&tag, key, len);
 	read_version(&tag, &v, !meta);
 
-	/* reserve the shared entry, so that the commit cannot run out of room */
-	if (!v.lease.found && my_change(&tag) == NULL)
+	if (my_change(&tag) == NULL)
 	{
-		uint32		hashcode = get_hash_value(mem_htab, &tag);
-		LWLock	   *lock = partition_lock(hashcode);
-		MemEntry   *e;
-
-		int			attempt;
-
-		for (attempt = 0; attempt < 2; attempt++)
-		{
-			LWLockAcquire(lock, LW_EXCLUSIVE);
-			e = hash_search_with_hash_value(mem_htab, &tag, hashcode,
-											HASH_ENTER_NULL, &found);
-			if (e != NULL && !found)
-			{
-				memset(&e->v, 0, sizeof(MemVersion));
-				e->v.lease.hold_limit = DT_NOEND;
-				e->v.holder_len = -1;
-				created = true;
-			}
-			LWLockRelease(lock);
-			if (e != NULL || !make_room())
-				break;
-		}
-		if (e == NULL)
-			ereport(ERROR,
-					(errcode(ERRCODE_OUT_OF_MEMORY),
-					 errmsg("dlock's shared memory for leases is full"),
-					 errdetail("dlock.memory_max_keys is %d, and that many keys have entries in memory.",
-							   dlock_memory_max_keys),
-					 errhint("Entries of this database's ended leases are dropped when room is needed; the rest are live leases, keys locked at the moment, or other databases' (dlock.prune() there frees theirs).  Raise dlock.memory_max_keys (needs a restart), or lower dlock.max_ttl.")));
+		created = pin_entry(&tag);
+		pinned = true;
 	}
 
 	o = overlay(true);
@@ -548,6 +749,7 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 	c->tag = tag;
 	c->subid = GetCurrentSubTransactionId();
 	c->created = created;
+	c->pinned = pinned;
 	if (!meta)
 		memcpy(&c->v, &v, sizeof(MemVersion));	/* keep holder and grantor */
 	c->v.lease = *lease;
@@ -577,24 +779,6 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 }
 
 /*
- * Drop a reserved entry that never got a lease (an aborted first grant).
- * A committed lease in it is left alone.
- */
-static void
-unreserve(const MemTag *tag)
-{
-	uint32		hashcode = get_hash_value(mem_htab, tag);
-	LWLock	   *lock = partition_lock(hashcode);
-	MemEntry   *e;
-
-	LWLockAcquire(lock, LW_EXCLUSIVE);
-	e = hash_search_with_hash_value(mem_htab, tag, hashcode, HASH_FIND, NULL);
-	if (e != NULL && !e->v.lease.found)
-		hash_search_with_hash_value(mem_htab, tag, hashcode, HASH_REMOVE, NULL);
-	LWLockRelease(lock);
-}
-
-/*
  * Undo our changes made in subtransaction subid or later ones (all of them
  * when subid is InvalidSubTransactionId).
  */
@@ -608,13 +792,16 @@ undo_changes(SubTransactionId subid)
 
 		Assert(l != NULL && l->change == c);
 		l->change = c->prev_same;
-		if (c->created)
-			unreserve(&c->tag);
+		if (c->pinned)
+			unpin_entry(&c->tag);
 		mine_log = c->prev_log;
 	}
 }
 
-/* Copy our latest changes into shared memory; at commit, must not fail. */
+/*
+ * Copy our latest changes into shared memory and give back their pins; at
+ * commit, must not fail.
+ */
 static void
 publish_changes(void)
 {
@@ -631,20 +818,27 @@ publish_changes(void)
 
 		if (l->change == NULL)
 			continue;
-		hashcode = get_hash_value(mem_htab, &l->tag);
+		hashcode = l->tag.hashcode;
 		lock = partition_lock(hashcode);
 		LWLockAcquire(lock, LW_EXCLUSIVE);
 		e = hash_search_with_hash_value(mem_htab, &l->tag, hashcode,
 										HASH_ENTER_NULL, &found);
 		if (e != NULL)
 		{
-			if (e->v.lease.held && !l->change->v.lease.held)
+			/* anything that is not held any more may make room */
+			if (!l->change->v.lease.held)
 				pg_atomic_fetch_add_u64(&mem->releases, 1);
 			memcpy(&e->v, &l->change->v, sizeof(MemVersion));
+			if (!found)
+				e->pins = 0;
+			else if (e->pins > 0)
+				e->pins--;
 		}
 		LWLockRelease(lock);
-		if (e == NULL)			/* cannot happen: the entry was reserved */
+		if (e == NULL)			/* cannot happen: the entry was pinned */
 			elog(WARNING, "dlock: no room in memory to commit a lease change");
+		else if (!found)
+			count_entries(l->tag.db, 1);
 	}
 }
 
@@ -754,40 +948,28 @@ dlock_mem_scan(void)
 }
 
 /*
- * Delete key's entry if its lease was released or expired before cutoff
- * and no lock delay still runs, or in any case when force is set; return
- * whether it did.  The caller holds
- * the key's grant lock.  Takes effect at once (see Room above); a key this
- * transaction changed is left alone.
+ * Delete key's entry if its lease ended (dlock_lease_ended_at) before
+ * cutoff, or in any case when force is set; return whether it did.  The
+ * caller holds the key's grant lock.  Takes effect at once (see Room
+ * above); a key that a transaction in flight changed (this one included)
+ * is left alone.
  */
 bool
 dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff,
 					 bool force)
 {
 	MemTag		tag;
-	uint32		hashcode;
-	LWLock	   *lock;
-	MemEntry   *e;
-	bool		deleted = false;
+	MemVersion	v;
 
 	make_tag(&tag, key, len);
 	if (my_change(&tag) != NULL)
 		return false;
-	hashcode = get_hash_value(mem_htab, &tag);
-	lock = partition_lock(hashcode);
-	LWLockAcquire(lock, LW_EXCLUSIVE);
-	e = hash_search_with_hash_value(mem_htab, &tag, hashcode, HASH_FIND, NULL);
-	if (e != NULL && e->v.lease.found &&
-		(force ||
-		 (e->v.lease.expires_at < cutoff &&
-		  !(e->v.lease.held && e->v.lease.lock_delay > 0 &&
-			GetCurrentTimestamp() < e->v.lease.expires_at + e->v.lease.lock_delay))))
-	{
-		hash_search_with_hash_value(mem_htab, &tag, hashcode, HASH_REMOVE, NULL);
-		deleted = true;
-	}
-	LWLockRelease(lock);
-	return deleted;
+	read_shared(&tag, &v, false);
+	if (!v.lease.found)
+		return false;
+	if (!force && dlock_lease_ended_at(&v.lease, MyDatabaseId) >= cutoff)
+		return false;
+	return drop_if_unchanged(&tag, &v.lease);
 }
 
 /*
@@ -813,6 +995,13 @@ forget_database(Oid db, bool locked)
 	if (!locked)
 		for (i = MEM_PARTITIONS - 1; i >= 0; i--)
 			LWLockRelease(mem->partitions[i]);
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < dlock_memory_max_databases; i++)
+	{
+		if (mem->dbs[i].db == db)
+			mem->dbs[i].nentries = 0;
+	}
+	SpinLockRelease(&mem->mutex);
 }
 
 /*
@@ -824,7 +1013,7 @@ find_slot(Oid seq)
 {
 	int			i;
 
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 	{
 		MemDatabase *d = &mem->dbs[i];
 
@@ -848,7 +1037,7 @@ dlock_mem_db_get(Oid seq, TimestampTz *barrier, TimestampTz *horizon,
 	int			i;
 
 	SpinLockAcquire(&mem->mutex);
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 	{
 		MemDatabase *d = &mem->dbs[i];
 
@@ -872,22 +1061,22 @@ dlock_mem_db_get(Oid seq, TimestampTz *barrier, TimestampTz *horizon,
 static bool
 reclaim_dropped_databases(void)
 {
-	Oid			dbs[MEM_MAX_DATABASES];
-	bool		dropped[MEM_MAX_DATABASES];
+	Oid		   *dbs = palloc(sizeof(Oid) * dlock_memory_max_databases);
+	bool	   *dropped = palloc(sizeof(bool) * dlock_memory_max_databases);
 	bool		any = false;
 	int			i;
 
 	SpinLockAcquire(&mem->mutex);
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 		dbs[i] = mem->dbs[i].db;
 	SpinLockRelease(&mem->mutex);
 
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 		dropped[i] = OidIsValid(dbs[i]) &&
 			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbs[i]));
 
 	SpinLockAcquire(&mem->mutex);
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 	{
 		if (dropped[i] && mem->dbs[i].db == dbs[i])
 			mem->dbs[i].db = InvalidOid;
@@ -896,7 +1085,7 @@ reclaim_dropped_databases(void)
 	}
 	SpinLockRelease(&mem->mutex);
 
-	for (i = 0; i < MEM_MAX_DATABASES; i++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 	{
 		if (dropped[i])
 		{
@@ -904,6 +1093,8 @@ reclaim_dropped_databases(void)
 			any = true;
 		}
 	}
+	pfree(dbs);
+	pfree(dropped);
 	return any;
 }
 
@@ -918,6 +1109,7 @@ fill_slot(MemDatabase *slot, Oid seq, TimestampTz barrier,
 	slot->pending = 0;
 	slot->horizon_lsn = InvalidXLogRecPtr;
 	slot->room_checked = 0;
+	slot->nentries = 0;
 	slot->unknown_owner = *unknown;
 }
 
@@ -943,7 +1135,7 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 	{
 		slot = NULL;
 		SpinLockAcquire(&mem->mutex);
-		for (i = 0; i < MEM_MAX_DATABASES; i++)
+		for (i = 0; i < dlock_memory_max_databases; i++)
 		{
 			MemDatabase *d = &mem->dbs[i];
 
@@ -954,6 +1146,30 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 			}
 			if (slot == NULL && d->db == InvalidOid)
 				slot = d;
+		}
+
+		/*
+		 * None free: take the slot of a database that has no entry left
+		 * and whose horizon and barrier have passed.  Nothing of it is
+		 * lost: its horizon is durable in its own sequence, and what it
+		 * reads when it takes a slot again lets nobody wait.
+		 */
+		if (slot == NULL)
+		{
+			TimestampTz now = GetCurrentTimestamp();
+
+			for (i = 0; i < dlock_memory_max_databases; i++)
+			{
+				MemDatabase *d = &mem->dbs[i];
+
+				if (d->nentries == 0 && d->pending == 0 &&
+					d->horizon <= now && d->barrier <= now)
+				{
+					slot = d;
+					slot->db = InvalidOid;
+					break;
+				}
+			}
 		}
 		stale = (slot != NULL && slot->db == MyDatabaseId && slot->seq != seq);
 		if (slot != NULL && slot->db != MyDatabaseId)
@@ -971,7 +1187,8 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("too many databases use dlock in memory mode"),
 				 errdetail("At most %d databases can keep leases in memory at once.",
-						   MEM_MAX_DATABASES)));
+						   dlock_memory_max_databases),
+				 errhint("Raise dlock.memory_max_databases (needs a restart).  A database gives its slot back once it has no entry left and its horizon has passed.")));
 	if (stale)
 	{
 		for (i = 0; i < MEM_PARTITIONS; i++)
