@@ -293,7 +293,7 @@ $owner2 ||= $nobody;
 $fence2 ||= 0;
 cmp_ok($fence2, '>', $fence1, 'k granted for real despite the forged lease');
 is( $node->safe_psql(
-		'forge', "SELECT last_value = $fence2 FROM dlock_real.fence_seq"),
+		'forge', "SELECT last_value = $fence2 FROM dlock_real.token_seq"),
 	't',
 	'... with a token from the real sequence');
 is( $node->safe_psql(
