@@ -120,12 +120,12 @@ like(
 # Worker 0's sabotaged write must not be cut off by the nemesis: at most
 # one SIGSTOP or termination in the run.
 my @quiet = ('--nemesis-every' => 60000);
+# (No 'setval' sabotage since dlock 0.6: it set dlock.fence_seq back, which
+# no longer moves the tokens, drawn from dlock.token_seq; setting both back
+# makes the next grant of each key fail with 55000 instead of reissuing a
+# token, which t/026 checks.  The checker's own "token reissued" check has
+# no sabotage that can reach it any more.)
 my @sabotages = (
-	[
-		'setval', [ '--duration' => 4 ],
-		'token reissued',
-		'token not larger than an earlier acknowledged grant\'s'
-	],
 	[
 		'delete-history,forge-history,server-log',
 		[ '--duration' => 3, '--server-log' => $node->logfile ],
