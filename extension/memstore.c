@@ -248,10 +248,15 @@ mem_shmem_startup(void)
 
 static void forget_database(Oid db, bool locked);
 
+/* The database this backend's transaction drops (mem_object_access). */
+static Oid	dropping_db = InvalidOid;
+
 /*
- * DROP DATABASE: forget its entries and free its slot now.  A database
- * created again later with the same OID (CREATE DATABASE ... OID) must
- * not find the old one's leases, nor its barrier.
+ * DROP DATABASE: remember the database, and forget its entries and free
+ * its slot when the drop commits (dlock_mem_xact_callback), not now: the
+ * drop may still fail (the database is in use, or is the current one).
+ * A database created again later with the same OID (CREATE DATABASE ...
+ * OID) must not find the old one's leases, nor its barrier.
  */
 static void
 mem_object_access(ObjectAccessType access, Oid classId, Oid objectId,
@@ -260,18 +265,23 @@ mem_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 	if (prev_object_access_hook)
 		prev_object_access_hook(access, classId, objectId, subId, arg);
 	if (access == OAT_DROP && classId == DatabaseRelationId && mem != NULL)
-	{
-		int			i;
+		dropping_db = objectId;
+}
 
-		forget_database(objectId, false);
-		SpinLockAcquire(&mem->mutex);
-		for (i = 0; i < dlock_memory_max_databases; i++)
-		{
-			if (mem->dbs[i].db == objectId)
-				mem->dbs[i].db = InvalidOid;
-		}
-		SpinLockRelease(&mem->mutex);
+/* Forget the entries and the slot of database db, dropped. */
+static void
+forget_dropped(Oid db)
+{
+	int			i;
+
+	forget_database(db, false);
+	SpinLockAcquire(&mem->mutex);
+	for (i = 0; i < dlock_memory_max_databases; i++)
+	{
+		if (mem->dbs[i].db == db)
+			mem->dbs[i].db = InvalidOid;
 	}
+	SpinLockRelease(&mem->mutex);
 }
 
 /* Install the hooks; called from _PG_init while preloading. */
@@ -850,6 +860,15 @@ publish_changes(void)
 void
 dlock_mem_xact_callback(XactEvent event)
 {
+	if (OidIsValid(dropping_db) &&
+		(event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT))
+	{
+		Oid			db = dropping_db;
+
+		dropping_db = InvalidOid;
+		if (event == XACT_EVENT_COMMIT && mem != NULL)
+			forget_dropped(db);
+	}
 	if (mem == NULL || mine == NULL || hash_get_num_entries(mine) == 0)
 		return;
 	switch (event)
