@@ -89,6 +89,14 @@ judge(const char *key, bool has_token, int64 token, bool monotonic,
 		return FENCE_STALE;
 	if (token > lease->fence)
 		return FENCE_FOREIGN;
+
+	/*
+	 * The token is the lease's; but a lease row can be written by hand or
+	 * restored from elsewhere: a token the counter never reached was never
+	 * issued, and matches nothing.
+	 */
+	if (token > dlock_token_high())
+		return FENCE_NEVER_ISSUED;
 	if (monotonic)
 		return lease->before_switch ? FENCE_BEFORE_SWITCH : FENCE_OK;
 	if (!lease->held)
@@ -181,7 +189,7 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
 			break;
 		case FENCE_NEVER_ISSUED:
 			msg = "fencing token for key \"%s\" was never issued";
-			hint = "Tokens start at 1.  Present the token that dlock.acquire() or dlock.try_acquire() returned for this key.";
+			hint = "A token below 1, or above every token dlock has issued, was never issued.  Present the token that dlock.acquire() or dlock.try_acquire() returned for this key.";
 			break;
 		case FENCE_BEFORE_SWITCH:
 			msg = "fencing token for key \"%s\" predates the last switch from memory mode";

@@ -569,6 +569,7 @@ make_room(bool own_only)
 	MemEntry   *e;
 	MemCandidate *cand;
 	int			ncand = 0;
+	int			nbound = 0;
 	int			freed = 0;
 	TimestampTz now = GetCurrentTimestamp();
 	int			i;
@@ -585,35 +586,53 @@ make_room(bool own_only)
 	if (!room_worth_scanning(false))
 		return false;
 
-	cand = palloc(sizeof(MemCandidate) * MEM_EVICT_BATCH);
+	/*
+	 * Two lists: leases ended by the clock or a release, and session-bound
+	 * leases whose connection may be gone, which can only be asked once
+	 * the partition locks are released.  The scan stops when the first is
+	 * full; live session-bound leases never crowd ended leases out.
+	 */
+	cand = palloc(sizeof(MemCandidate) * MEM_EVICT_BATCH * 2);
 	for (i = 0; i < MEM_PARTITIONS; i++)
 		LWLockAcquire(mem->partitions[i], LW_SHARED);
 	hash_seq_init(&status, mem_htab);
 	while ((e = hash_seq_search(&status)) != NULL)
 	{
 		DlockLease *l = &e->v.lease;
+		MemCandidate *c;
 
 		if (e->pins != 0 || !l->found ||
 			(own_only && e->tag.db != MyDatabaseId))
 			continue;
-		/* ended by the clock, or perhaps by its connection (looked at below) */
-		if (!l->held || l->session_id != 0 ||
+		if (!l->held ||
 			(l->expires_at < now &&
 			 !(l->lock_delay > 0 && now < l->expires_at + l->lock_delay)))
 		{
-			cand[ncand].tag = e->tag;
-			cand[ncand].lease = *l;
+			c = &cand[ncand];
+			c->tag = e->tag;
+			c->lease = *l;
 			if (++ncand == MEM_EVICT_BATCH)
 			{
 				hash_seq_term(&status);
 				break;
 			}
 		}
+		else if (l->session_id != 0 && nbound < MEM_EVICT_BATCH)
+		{
+			c = &cand[MEM_EVICT_BATCH + nbound++];
+			c->tag = e->tag;
+			c->lease = *l;
+		}
 	}
 	for (i = MEM_PARTITIONS - 1; i >= 0; i--)
 		LWLockRelease(mem->partitions[i]);
 
 	for (i = 0; i < ncand; i++)
+	{
+		if (drop_if_unchanged(&cand[i].tag, &cand[i].lease))
+			freed++;
+	}
+	for (i = MEM_EVICT_BATCH; i < MEM_EVICT_BATCH + nbound; i++)
 	{
 		if (dlock_lease_ended_at(&cand[i].lease, cand[i].tag.db) == DT_NOEND)
 			continue;
@@ -1144,6 +1163,7 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 {
 	MemDatabase *slot = NULL;
 	bool		stale = false;
+	Oid			victim = InvalidOid;
 	int			i;
 	int			attempt;
 	pg_uuid_t	unknown;
@@ -1152,6 +1172,7 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 
 	for (attempt = 0; attempt < 2; attempt++)
 	{
+		victim = InvalidOid;
 		slot = NULL;
 		SpinLockAcquire(&mem->mutex);
 		for (i = 0; i < dlock_memory_max_databases; i++)
@@ -1168,26 +1189,36 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 		}
 
 		/*
-		 * None free: take the slot of a database that has no entry left
-		 * and whose horizon and barrier have passed.  Nothing of it is
-		 * lost: its horizon is durable in its own sequence, and what it
-		 * reads when it takes a slot again lets nobody wait.
+		 * None free: take the slot of a database whose horizon and barrier
+		 * have passed, one with no entry left if there is one.  No lease of
+		 * such a database is live (none outlives the horizon), so its
+		 * entries are all of ended leases, which go, as make_room would
+		 * drop them; its horizon is durable in its own sequences, and what
+		 * it reads when it takes a slot again lets nobody wait.
 		 */
 		if (slot == NULL)
 		{
 			TimestampTz now = GetCurrentTimestamp();
+			MemDatabase *idle = NULL;
 
 			for (i = 0; i < dlock_memory_max_databases; i++)
 			{
 				MemDatabase *d = &mem->dbs[i];
 
-				if (d->nentries == 0 && d->pending == 0 &&
-					d->horizon <= now && d->barrier <= now)
+				if (d->pending == 0 && d->horizon <= now && d->barrier <= now &&
+					(idle == NULL || d->nentries < idle->nentries))
 				{
-					slot = d;
-					slot->db = InvalidOid;
-					break;
+					idle = d;
+					if (d->nentries == 0)
+						break;
 				}
+			}
+			if (idle != NULL)
+			{
+				slot = idle;
+				if (slot->nentries > 0)
+					victim = slot->db;
+				slot->db = InvalidOid;
 			}
 		}
 		stale = (slot != NULL && slot->db == MyDatabaseId && slot->seq != seq);
@@ -1207,7 +1238,9 @@ dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
 				 errmsg("too many databases use dlock in memory mode"),
 				 errdetail("At most %d databases can keep leases in memory at once.",
 						   dlock_memory_max_databases),
-				 errhint("Raise dlock.memory_max_databases (needs a restart).  A database gives its slot back once it has no entry left and its horizon has passed.")));
+				 errhint("Raise dlock.memory_max_databases (needs a restart).  A database gives its slot up once its horizon has passed.")));
+	if (OidIsValid(victim))
+		forget_database(victim, false);
 	if (stale)
 	{
 		for (i = 0; i < MEM_PARTITIONS; i++)

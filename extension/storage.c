@@ -1062,6 +1062,25 @@ draw_token(void)
 	return token;
 }
 
+/*
+ * The highest token the counter may ever have returned (its values logged
+ * ahead included): a token above it was never issued, whatever a lease
+ * row says (fence.c).
+ */
+int64
+dlock_token_high(void)
+{
+	SeqPage		tok;
+	SeqPage		copy;
+
+	storage_ids();
+	read_sequence_page(ids.seq, &copy);
+	if (!OidIsValid(ids.token))
+		return copy.high;
+	read_sequence_page(ids.token, &tok);
+	return Max(tok.high, copy.high);
+}
+
 /* Make the fencing token just drawn safe to show (secure_sequence). */
 static void
 secure_drawn_fence(void)

@@ -393,4 +393,18 @@ REVOKE USAGE ON SCHEMA public FROM fence_clerk, fence_admin;
 DROP ROLE fence_clerk;
 DROP ROLE fence_admin;
 
+-- Tokens that were never issued match nothing, whatever a lease row says:
+-- below 1, or above every token the counter reached (a row written by hand,
+-- or restored from elsewhere).
+SELECT fence > 0 AS granted FROM dlock.try_acquire('never-issued', '1 hour') \gset ni_
+SELECT dlock.check_fence('never-issued', 0) AS token_0,
+       dlock.check_fence('never-issued', -1) AS token_minus_1;
+UPDATE dlock.leases SET fence = 9000000000000000000 WHERE key = 'never-issued';
+SELECT dlock.check_fence('never-issued', 9000000000000000000) AS forged_row_token;
+\set VERBOSITY terse
+SELECT dlock.use_fence('never-issued', 9000000000000000000);
+SELECT dlock.use_fence('never-issued', 0);
+\set VERBOSITY default
+DELETE FROM dlock.leases WHERE key = 'never-issued';
+
 DROP TABLE stock, inventory, ledger, docs, misuse;
