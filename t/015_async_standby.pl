@@ -137,7 +137,7 @@ sub seq_state
 {
 	my ($node, $db) = @_;
 	return split /\|/, $node->safe_psql($db,
-		'SELECT last_value, log_cnt FROM dlock.fence_seq');
+		'SELECT last_value, log_cnt FROM dlock.token_seq');
 }
 
 # Two leases the standbys have (granted before the cut): one is renewed

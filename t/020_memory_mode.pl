@@ -428,7 +428,7 @@ my $esw_ld = $sw->safe_psql('postgres', q{
 	SELECT extract(epoch FROM expires_at) + 20
 	FROM dlock.try_acquire('sw:ld', '3 s', lock_delay => '20 s')});
 like($esw_ld, qr/^[\d.]+$/, 'table mode: a 3 s lease with a lock delay of 20 s granted');
-my $sw_max = $sw->safe_psql('postgres', 'SELECT last_value FROM dlock.fence_seq');
+my $sw_max = $sw->safe_psql('postgres', 'SELECT last_value FROM dlock.token_seq');
 $sw->append_conf('postgresql.conf', "dlock.storage = memory\n");
 $sw->restart;
 is($sw->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'switched to memory mode');
@@ -559,7 +559,7 @@ $mem->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', 'src' ], 'pg_dump -Fc of
 
 # and an immediate shutdown of the same server, with a lease held
 my (undef, $fr, $er) = grant($mem, 'postgres', 'r:1', '3 s');
-my $r_max = $mem->safe_psql('postgres', 'SELECT last_value FROM dlock.fence_seq');
+my $r_max = $mem->safe_psql('postgres', 'SELECT last_value FROM dlock.token_seq');
 $mem->stop('immediate');
 $mem->start;
 my $h_restart = horizon($mem, 'postgres');
