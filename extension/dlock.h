@@ -192,7 +192,7 @@ extern List *dlock_storage_old_keys(TimestampTz cutoff);
 extern bool dlock_storage_delete_old(text *key, TimestampTz cutoff,
 									 bool force);
 extern DlockKeyState *dlock_key_state(const char *key, bool create);
-extern int64 dlock_token_high(void);
+extern bool dlock_token_issued(int64 token);
 extern void dlock_install_check_schema(Oid nspid);
 
 /* A row of dlock.leases as the views show it (dlock_storage_scan). */

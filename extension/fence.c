@@ -95,7 +95,7 @@ judge(const char *key, bool has_token, int64 token, bool monotonic,
 	 * restored from elsewhere: a token the counter never reached was never
 	 * issued, and matches nothing.
 	 */
-	if (token > dlock_token_high())
+	if (!dlock_token_issued(token))
 		return FENCE_NEVER_ISSUED;
 	if (monotonic)
 		return lease->before_switch ? FENCE_BEFORE_SWITCH : FENCE_OK;

@@ -177,6 +177,9 @@ static DlockXactHash key_states;
 static bool table_barrier_passed = false;
 static TimestampTz table_horizon = 0;
 
+/* The highest token the counter may have returned, as last read. */
+static int64 known_high = 0;
+
 /*
  * Forget the cached OIDs, and what this transaction verified against the
  * storage they name: the next lookup and the next write check again.
@@ -186,6 +189,7 @@ forget_storage(void)
 {
 	ids.valid = false;
 	table_barrier_passed = false;
+	known_high = 0;
 	if (KEY_STATES() != NULL)
 	{
 		HASH_SEQ_STATUS status;
@@ -1063,22 +1067,29 @@ draw_token(void)
 }
 
 /*
- * The highest token the counter may ever have returned (its values logged
- * ahead included): a token above it was never issued, whatever a lease
- * row says (fence.c).
+ * Can token have been issued: is it at most the highest token the counter
+ * may ever have returned (its values logged ahead included)?  A token above
+ * that was never issued, whatever a lease row says (fence.c).  The highest
+ * value read is kept for the backend (it only grows), so that the pages
+ * are read again only for a token above it, about once every 32 tokens.
  */
-int64
-dlock_token_high(void)
+bool
+dlock_token_issued(int64 token)
 {
 	SeqPage		tok;
 	SeqPage		copy;
 
+	if (token <= known_high)
+		return true;
 	storage_ids();
 	read_sequence_page(ids.seq, &copy);
-	if (!OidIsValid(ids.token))
-		return copy.high;
-	read_sequence_page(ids.token, &tok);
-	return Max(tok.high, copy.high);
+	known_high = copy.high;
+	if (OidIsValid(ids.token))
+	{
+		read_sequence_page(ids.token, &tok);
+		known_high = Max(known_high, tok.high);
+	}
+	return token <= known_high;
 }
 
 /* Make the fencing token just drawn safe to show (secure_sequence). */
