@@ -88,6 +88,10 @@ typedef struct Call
 	Expect		expect;
 	const char *expect_value;	/* EXP_VALUE: first column of first row,
 								 * NULL for SQL NULL */
+	const char *expect_state;	/* a refusal must end with this SQLSTATE
+								 * (NULL: any allowed one) */
+	const char *refuse_what;	/* EXP_REFUSE: what succeeded, for the
+								 * report (NULL: an attack) */
 	bool		api;			/* a call of dlock's API: may draw tokens */
 	bool		uses_dlock;		/* PREPARE TRANSACTION must fail */
 	char	   *stmt[MAX_STMTS];
@@ -153,6 +157,8 @@ static const char *role = "dlock_fuzz";
 static const char *server_log = NULL;
 static const char *inject = NULL;
 static bool verbose = false;
+static bool sweep = false;		/* --sweep: every key shape, token, surface */
+static bool horizon = false;	/* --horizon: just restarted in memory mode */
 
 /* run state */
 static uint64 rng_state;
@@ -169,6 +175,9 @@ static char *digest_pid;
 static char *superuser_name;
 static char *dbname_q;
 static long log_offset = 0;
+static uint64 run_seed;
+static char *token_sql;			/* the token counter's last value */
+static char *horizon_sql;		/* ms until the horizon passes */
 
 /* results */
 static Count states[MAX_STATES];
@@ -183,6 +192,9 @@ static long crashes = 0;
 static long forgeries_refused = 0;
 static long stale_refused = 0;
 static long accepted_writes = 0;
+static long tokens_refused = 0; /* never-issued or horizon tokens refused */
+static long wrapped_cases = 0;	/* wrapped calls compared with direct ones */
+static long horizon_calls = 0;	/* calls made before the horizon */
 static int64 digest_ms = 0;
 static bool stop = false;		/* a crash ends the run */
 
@@ -320,7 +332,9 @@ violation(const Call *c, const char *fmt,...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	violations++;
-	if (violations > MAX_SHOWN)
+	/* an injected call is always shown: t/017 looks for it */
+	if (violations > MAX_SHOWN &&
+		!(c && strcmp(c->cat, "injected") == 0))
 		return;
 	fprintf(stderr, "VIOLATION: %s\n", msg);
 	if (c)
@@ -879,7 +893,11 @@ make_call(Call *c)
 		switch (c->expect)
 		{
 			case EXP_REFUSE:
-				violation(c, "attack succeeded (it must be refused)");
+				if (c->refuse_what)
+					violation(c, "%s was accepted (it must be refused)",
+							  c->refuse_what);
+				else
+					violation(c, "attack succeeded (it must be refused)");
 				break;
 			case EXP_VALUE:
 				if (c->ntuples != 1 ||
@@ -889,6 +907,8 @@ make_call(Call *c)
 							  c->ntuples == 0 ? "no row" :
 							  c->value_null ? "NULL" : c->value,
 							  c->expect_value ? c->expect_value : "NULL");
+				else if (c->refuse_what)
+					tokens_refused++;
 				break;
 			case EXP_NOROWS:
 				if (c->ntuples != 0)
@@ -909,8 +929,14 @@ make_call(Call *c)
 	}
 	else
 	{
-		if (c->expect == EXP_REFUSE)
+		if (c->expect == EXP_REFUSE && c->refuse_what)
+			tokens_refused++;
+		else if (c->expect == EXP_REFUSE)
 			forgeries_refused++;
+		if (c->expect_state && strcmp(c->sqlstate, c->expect_state) != 0 &&
+			strncmp(c->sqlstate, "XX", 2) != 0)
+			violation(c, "refused with %s, must be refused with %s",
+					  c->sqlstate, c->expect_state);
 		if (c->expect == EXP_STALE)
 			stale_refused++;
 		if (c->expect == EXP_ACCEPT && strcmp(c->sqlstate, "LF001") == 0)
@@ -998,6 +1024,9 @@ static const char *const hostile_keys[] = {
 	"(SELECT string_agg(chr(n), '') FROM generate_series(1, 600) n)",
 	"1::text", "'fz:g0'", "'fz:g1'",
 };
+
+/* hostile_keys[i] is a key dlock accepts (1 to 512 bytes; setup) */
+static bool hostile_valid[lengthof(hostile_keys)];
 
 static const char *const ttls[] = {
 	"NULL", "'0'", "'-0'", "'-1 us'", "'1 us'", "'1 ms'", "'20 ms'",
@@ -2255,6 +2284,540 @@ maintain(void)
 	refresh_digest();
 }
 
+/* ---- tokens never issued, and wrappers with SET clauses (issue 18) ------ */
+
+/*
+ * The surfaces a token is presented through.  The UPDATE forms need the
+ * key's rows, which setup made for the pool and guard keys only.
+ */
+typedef enum Surface
+{
+	SURF_USE,					/* use_fence, alone */
+	SURF_FENCED,				/* fenced, alone */
+	SURF_CHECK,					/* check_fence: must say false */
+	SURF_INSERT,				/* INSERT with the token column, lease mode */
+	SURF_MONO_INSERT,			/* the same, 'monotonic' mode */
+	SURF_USE_WRITE,				/* use_fence, then a write without a token */
+	SURF_UPDATE,				/* UPDATE of the key's row, lease mode */
+	SURF_MONO_UPDATE,			/* the same, 'monotonic' mode */
+	SURF_FENCED_WHERE,			/* UPDATE ... WHERE k = key AND fenced(...) */
+	NSURF
+} Surface;
+
+#define NSURF_ANY_KEY	SURF_UPDATE /* the surfaces every key can take */
+
+/* The tokens never issued: 0, below 0, above the counter, the maximum. */
+#define NNEVER			5
+
+/* The last value of the token counter, read as the superuser. */
+static long long
+last_token(void)
+{
+	PGresult   *res = PQexec(dig, token_sql);
+	long long	v = -1;
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		v = atoll(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return v;
+}
+
+/* Never-issued token i (< NNEVER) as SQL; "last" is the counter's value. */
+static char *
+never_issued(int i, long long last)
+{
+	switch (i)
+	{
+		case 0:
+			return pg_strdup("0");
+		case 1:
+			return pg_strdup("-1");
+		case 2:
+			return pg_strdup("(-9223372036854775807 - 1)");
+		case 3:
+			/* a huge one if the counter cannot be read */
+			return psprintf("%lld", last >= 0 ? last + 1 : PG_INT64_MAX / 2);
+		default:
+			return pg_strdup("9223372036854775807");
+	}
+}
+
+/* Is key (an SQL expression from our pools) one dlock accepts as a key? */
+static bool
+key_is_valid(const char *key)
+{
+	int			i;
+
+	if (pool_index(key) >= 0 || guard_index(key) >= 0)
+		return true;
+	for (i = 0; i < (int) lengthof(hostile_keys); i++)
+		if (key == hostile_keys[i])
+			return hostile_valid[i];
+	return false;
+}
+
+/*
+ * Present token tok (SQL) for key through surface surf, as who.  The
+ * token must be refused: with LF001 when the key is valid (an invalid key
+ * is refused by its own check first), and check_fence must say false.
+ * what names the token, for the report.
+ */
+static void
+present_token(const char *cat, Who who, const char *key, const char *tok,
+			  Surface surf, const char *what)
+{
+	Call	   *c = new_call(cat, who, surf == SURF_CHECK ? EXP_VALUE : EXP_REFUSE);
+
+	c->uses_dlock = true;
+	c->refuse_what = what;
+	if (surf == SURF_CHECK)
+		c->expect_value = "f";
+	else if (key_is_valid(key))
+		c->expect_state = "LF001";
+	switch (surf)
+	{
+		case SURF_USE:
+			add(c, "SELECT dlock.use_fence(%s, %s)", key, tok);
+			break;
+		case SURF_FENCED:
+			add(c, "SELECT dlock.fenced(%s, %s)", key, tok);
+			break;
+		case SURF_CHECK:
+			add(c, "SELECT dlock.check_fence(%s, %s)", key, tok);
+			break;
+		case SURF_INSERT:
+			add(c, "INSERT INTO fz.t_hist (k, v, fence) VALUES (%s, 1, %s)", key, tok);
+			break;
+		case SURF_MONO_INSERT:
+			add(c, "INSERT INTO fz.t_mono (k, v, fence) VALUES (%s, 1, %s) "
+				"ON CONFLICT (k) DO UPDATE SET v = excluded.v, fence = excluded.fence", key, tok);
+			break;
+		case SURF_USE_WRITE:
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %s)", key, tok);
+			add(c, "INSERT INTO fz.t_usefence AS t (k, v) VALUES (%s, 1) "
+				"ON CONFLICT (k) DO UPDATE SET v = t.v + 1", key);
+			add(c, "COMMIT");
+			break;
+		case SURF_UPDATE:
+			add(c, "UPDATE fz.t_text SET v = v + 1, fence = %s WHERE k = %s", tok, key);
+			break;
+		case SURF_MONO_UPDATE:
+			add(c, "UPDATE fz.t_mono SET v = v + 1, fence = %s WHERE k = %s", tok, key);
+			break;
+		default:
+			add(c, "UPDATE fz.t_usefence SET v = v + 1 WHERE k = %s AND dlock.fenced(%s, %s)",
+				key, key, tok);
+			break;
+	}
+	call(c);
+}
+
+/* Settings a wrapper function's SET clause changes (see setup). */
+typedef struct WrapSetting
+{
+	const char *name;			/* in the wrapper's name */
+	const char *set;			/* the SET clause */
+	bool		su_only;		/* only a superuser may set it */
+	bool		set_local;		/* the direct call runs after SET LOCAL of it */
+} WrapSetting;
+
+static const WrapSetting wrap_settings[] = {
+	{"sclocal", "synchronous_commit = local", false, true},
+	{"scoff", "synchronous_commit = off", false, true},
+	{"evil", "search_path = evil, pg_catalog, public", false, true},
+	{"evtemp", "search_path = pg_temp, evil, dlock, pg_catalog, public", false, true},
+	{"locktmo", "lock_timeout = '1ms'", false, true},
+	/* a SET clause does not rearm the running statement's timer */
+	{"stmttmo", "statement_timeout = '1ms'", false, false},
+	{"dtro", "default_transaction_read_only = on", false, true},
+	{"tro", "transaction_read_only = on", false, true},
+	{"asyncrel", "dlock.async_release = off", false, true},
+	{"maxttl", "dlock.max_ttl = '1s'", true, true},
+	{"maxhold", "dlock.max_hold = '1s'", true, true},
+	{"logev", "dlock.log_events = on", true, true},
+};
+
+/*
+ * The calls wrapped, as SQL with $1 key, $2 owner, $3 ttl, $4 token; the
+ * same text is the wrapper's body and, with the values filled in, the
+ * direct call.  Statements are separated by "; ".
+ */
+typedef struct WrapFn
+{
+	const char *name;
+	const char *rettype;
+	const char *body;
+	bool		held;			/* takes a lease granted just before */
+	bool		token;			/* presents a token */
+	bool		grant;			/* draws tokens */
+} WrapFn;
+
+static const WrapFn wrap_fns[] = {
+	{"try", "bigint", "SELECT count(*) FROM dlock.try_acquire($1, $3)", false, false, true},
+	{"acquire", "boolean", "SELECT fence IS NOT NULL FROM dlock.acquire($1, $3, wait => '10 ms')", false, false, true},
+	{"renew", "boolean", "SELECT dlock.renew($1, $2, $3) IS NOT NULL", true, false, true},
+	{"release", "boolean", "SELECT dlock.release($1, $2)", true, false, false},
+	{"use", "integer", "SELECT dlock.use_fence($1, $4); INSERT INTO fz.t_usefence (k, v) VALUES ($1, 1) RETURNING 1", true, true, false},
+	{"fenced", "boolean", "SELECT dlock.fenced($1, $4)", true, true, false},
+	{"check", "boolean", "SELECT dlock.check_fence($1, $4)", true, true, false},
+	{"write", "integer", "INSERT INTO fz.t_hist (k, v, fence) VALUES ($1, 1, $4) RETURNING 1", true, true, false},
+	{"mono", "integer", "INSERT INTO fz.t_mono (k, v, fence) VALUES ($1, 1, $4) RETURNING 1", true, true, false},
+};
+
+/* body with $1..$4 replaced by the SQL of vals[0..3]. */
+static char *
+fill_params(const char *body, const char *const vals[4])
+{
+	PQExpBufferData b;
+	const char *p;
+
+	initPQExpBuffer(&b);
+	for (p = body; *p; p++)
+	{
+		if (p[0] == '$' && p[1] >= '1' && p[1] <= '4')
+		{
+			appendPQExpBufferStr(&b, vals[p[1] - '1']);
+			p++;
+		}
+		else
+			appendPQExpBufferChar(&b, *p);
+	}
+	return b.data;
+}
+
+/* What a call ended with, for comparing two calls. */
+static const char *
+verdict(const Call *c)
+{
+	if (c->sqlstate)
+		return c->sqlstate;
+	if (c->ntuples == 0)
+		return "no row";
+	return c->value_null ? "NULL" : c->value;
+}
+
+/* Grant a fresh key for a wrapped case; its fence and owner, or false. */
+static bool
+wrap_grant(Who who, const char *key, long long *fence, char **owner)
+{
+	Call	   *g = new_call("wrap-grant", who, EXP_ANY);
+	bool		ok;
+
+	g->api = true;
+	add(g, "SELECT fence, owner FROM dlock.try_acquire(%s, '5 s')", key);
+	make_call(g);
+	ok = !g->sqlstate && g->ntuples == 1 && g->value && g->value2;
+	if (ok)
+	{
+		*fence = atoll(g->value);
+		*owner = psprintf("'%s'::uuid", g->value2);
+	}
+	free_call(g);
+	return ok;
+}
+
+/*
+ * One wrapped case: call wrap_fns[fi] through the wrapper whose SET clause
+ * is wrap_settings[si], and directly (after SET LOCAL of the same setting,
+ * where that is what the clause means), each on a fresh key of its own in
+ * the same state; the two must end the same way.  tk: 0 presents the
+ * key's current token (and the owner), 1 a token never issued, 2 the one
+ * below the current (and a wrong owner).
+ */
+static void
+wrap_case(int si, int fi, int tk, Who who)
+{
+	static long n = 0;
+	const WrapSetting *ws = &wrap_settings[si];
+	const WrapFn *wf = &wrap_fns[fi];
+	char	   *keys[2];
+	long long	fence[2] = {0, 0};
+	char	   *owner[2] = {NULL, NULL};
+	char	   *tok[2] = {NULL, NULL};
+	const char *ttl = chance(10) ? "'2 days'" : "'5 s'";
+	int			never = rnd(NNEVER);
+	Call	   *c[2];
+	int			i;
+
+	if (ws->su_only)
+		who = AS_SU;
+	n++;
+	for (i = 0; i < 2; i++)
+		keys[i] = psprintf("'fz:w%ld:%llu:%c'", n, (unsigned long long) run_seed,
+						   i == 0 ? 'd' : 'w');
+	if (wf->held)
+	{
+		long long	last;
+
+		for (i = 0; i < 2; i++)
+			if (!wrap_grant(who, keys[i], &fence[i], &owner[i]))
+				goto done;
+		last = last_token();
+		for (i = 0; i < 2; i++)
+		{
+			if (tk == 0)
+				tok[i] = psprintf("%lld", fence[i]);
+			else if (tk == 1)
+				tok[i] = never_issued(never, last);
+			else
+			{
+				tok[i] = psprintf("%lld", fence[i] - 1);
+				free(owner[i]);
+				owner[i] = pg_strdup("'00000000-0000-0000-0000-000000000000'::uuid");
+			}
+		}
+	}
+	for (i = 0; i < 2; i++)
+	{
+		const char *vals[4];
+		char	   *tk_sql = psprintf("(%s)::bigint", tok[i] ? tok[i] : "NULL");
+		char	   *ttl_sql = psprintf("%s::interval", ttl);
+
+		vals[0] = keys[i];
+		vals[1] = owner[i] ? owner[i] : "NULL::uuid";
+		vals[2] = ttl_sql;
+		vals[3] = tk_sql;
+		c[i] = new_call(i == 0 ? "wrap-direct" : "wrapped", who, EXP_ANY);
+		c[i]->api = wf->grant;
+		c[i]->uses_dlock = true;
+		if (wf->token && tk != 0)
+		{
+			c[i]->refuse_what = "a stale or never-issued token";
+			if (strcmp(wf->name, "check") == 0)
+			{
+				c[i]->expect = EXP_VALUE;
+				c[i]->expect_value = "f";
+			}
+			else
+				c[i]->expect = EXP_REFUSE;
+		}
+		else if (wf->token && strcmp(wf->name, "check") != 0 &&
+				 strcmp(wf->name, "fenced") != 0 && !evil_path)
+		{
+			c[i]->expect = EXP_ACCEPT;
+			c[i]->accept_key = pg_strdup(keys[i]);
+			c[i]->accept_token = fence[i];
+		}
+		else if (wf->held && tk == 2)
+		{
+			/* a wrong owner's renew or release */
+			c[i]->expect = EXP_VALUE;
+			c[i]->expect_value = "f";
+		}
+		if (i == 0)
+		{
+			char	   *body = fill_params(wf->body, vals);
+			char	   *part = body;
+			char	   *semi;
+
+			add(c[i], "BEGIN");
+			if (ws->set_local)
+				add(c[i], "SET LOCAL %s", ws->set);
+			while ((semi = strstr(part, "; ")) != NULL)
+			{
+				*semi = '\0';
+				add(c[i], "%s", part);
+				part = semi + 2;
+			}
+			add(c[i], "%s", part);
+			add(c[i], "COMMIT");
+			free(body);
+		}
+		else
+			add(c[i], "SELECT fz.w_%s_%s(%s, %s, %s, %s)", ws->name, wf->name,
+				vals[0], vals[1], vals[2], vals[3]);
+		make_call(c[i]);
+		free(tk_sql);
+		free(ttl_sql);
+	}
+	wrapped_cases++;
+	if (strcmp(verdict(c[0]), verdict(c[1])) != 0)
+		violation(c[1], "through a wrapper with SET %s: %s; called directly: %s",
+				  ws->set, verdict(c[1]), verdict(c[0]));
+	free_call(c[0]);
+	free_call(c[1]);
+done:
+	for (i = 0; i < 2; i++)
+	{
+		free(keys[i]);
+		free(owner[i]);
+		free(tok[i]);
+	}
+}
+
+/* A random wrapped case. */
+static void
+gen_wrapped(void)
+{
+	wrap_case(rnd(lengthof(wrap_settings)), rnd(lengthof(wrap_fns)), rnd(3),
+			  chance(20) ? AS_SU : AS_USR);
+}
+
+/* A never-issued token for a random key through a random surface. */
+static void
+gen_never_issued(void)
+{
+	const char *key = chance(30) ? PICK(hostile_keys) : any_key();
+	char	   *tok = never_issued(rnd(NNEVER), last_token());
+
+	/* a shadowed '=' makes a WHERE match other keys' rows: no UPDATE then */
+	present_token("never-issued", chance(15) ? AS_SU : AS_USR, key, tok,
+				  rnd(NSURF_ANY_KEY), "a never-issued token");
+	free(tok);
+}
+
+/*
+ * --sweep: every key shape, every never-issued token, every surface (a key
+ * dlock refuses, 10 MB ones among them, is refused before its token is
+ * looked at: it takes each surface once, with the tokens in turn); then
+ * every wrapper with the current token and with a never-issued one.
+ */
+static void
+gen_sweep(void)
+{
+	int			nkeys = NPOOL + NGUARD + lengthof(hostile_keys);
+	int			k;
+	int			si;
+	int			fi;
+
+	for (k = 0; k < nkeys && !stop; k++)
+	{
+		const char *key = k < NPOOL ? pool_keys[k] :
+		k < NPOOL + NGUARD ? guard_keys[k - NPOOL] :
+		hostile_keys[k - NPOOL - NGUARD];
+		long long	last = last_token();
+		int			t;
+		int			surf;
+		int			nsurf = k < NPOOL + NGUARD ? NSURF : NSURF_ANY_KEY;
+
+		for (t = 0; t < NNEVER && !stop; t++)
+		{
+			char	   *tok = never_issued(t, last);
+
+			for (surf = 0; surf < nsurf && !stop; surf++)
+				if (key_is_valid(key) || (k + surf) % NNEVER == t)
+					present_token("never-issued", (k + t + surf) % 5 == 0 ? AS_SU : AS_USR,
+								  key, tok, surf, "a never-issued token");
+			free(tok);
+		}
+	}
+	for (si = 0; si < (int) lengthof(wrap_settings) && !stop; si++)
+		for (fi = 0; fi < (int) lengthof(wrap_fns) && !stop; fi++)
+		{
+			wrap_case(si, fi, 0, (si + fi) % 4 == 0 ? AS_SU : AS_USR);
+			if (wrap_fns[fi].held)
+				wrap_case(si, fi, 1 + (si + fi) % 2, AS_USR);
+		}
+}
+
+/* Milliseconds until the horizon passes (negative once it has). */
+static long long
+horizon_left_ms(void)
+{
+	PGresult   *res = PQexec(dig, horizon_sql);
+	long long	v = -1;
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+		!PQgetisnull(res, 0, 0))
+		v = atoll(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return v;
+}
+
+/*
+ * --horizon: the server has just been restarted in memory mode, and the
+ * horizon still holds every key.  No key may be granted, and every token,
+ * real ones included (the counter's last, 1, the one before the last), is
+ * refused with LF001 through every surface, directly and through every
+ * wrapper, check_fence says false; until shortly before the horizon
+ * passes.  Returns the number of milliseconds left at the last call.
+ */
+static long long
+gen_horizon(void)
+{
+	long long	left = horizon_left_ms();
+	int64		deadline;
+	long long	last = last_token();
+	int			nkeys = NPOOL + NGUARD + lengthof(hostile_keys);
+	int			k;
+	int			t;
+	int			surf;
+	int			si;
+	int			fi;
+	Call	   *c;
+
+	printf("horizon: %lld ms ahead, token counter at %lld\n", left, last);
+	fflush(stdout);
+	if (left < 1000)
+	{
+		fprintf(stderr, "%s: --horizon: the horizon is not ahead (%lld ms)\n",
+				progname, left);
+		exit(2);
+	}
+	/* stop 300 ms early: a call may take that long under load */
+	deadline = now_ms() + left - 300;
+
+#define BEFORE_HORIZON() (now_ms() < deadline && !stop && ++horizon_calls)
+
+	/* no key is granted: the one held before the restart, nor a new one */
+	for (k = 0; k < 2 && BEFORE_HORIZON(); k++)
+	{
+		c = new_call("horizon", AS_USR, EXP_NOROWS);
+		c->api = true;
+		add(c, "SELECT fence FROM dlock.try_acquire(%s, '1 s')",
+			k == 0 ? pool_keys[0] : "'fz:horizon-new'");
+		call(c);
+	}
+
+	/* the first pool key (held before the restart) through every wrapper */
+	for (si = 0; si < (int) lengthof(wrap_settings); si++)
+		for (fi = 0; fi < (int) lengthof(wrap_fns); fi++)
+		{
+			const WrapFn *wf = &wrap_fns[fi];
+
+			if (!wf->token || !BEFORE_HORIZON())
+				continue;
+			c = new_call("horizon-wrapped", wrap_settings[si].su_only ? AS_SU : AS_USR,
+						 strcmp(wf->name, "check") == 0 ? EXP_VALUE : EXP_REFUSE);
+			c->expect_value = "f";
+			c->refuse_what = "a token during the horizon";
+			c->uses_dlock = true;
+			add(c, "SELECT fz.w_%s_%s(%s, NULL, '5 s', %lld)",
+				wrap_settings[si].name, wf->name, pool_keys[0], last);
+			call(c);
+		}
+
+	/* every valid key shape, every token, every surface */
+	for (k = 0; k < nkeys; k++)
+	{
+		const char *key = k < NPOOL ? pool_keys[k] :
+		k < NPOOL + NGUARD ? guard_keys[k - NPOOL] :
+		hostile_keys[k - NPOOL - NGUARD];
+		int			nsurf = k < NPOOL + NGUARD ? NSURF : NSURF_ANY_KEY;
+
+		if (!key_is_valid(key))
+			continue;
+		for (t = 0; t < NNEVER + 3; t++)
+		{
+			char	   *tok;
+
+			if (t < NNEVER)
+				tok = never_issued(t, last);
+			else
+				tok = psprintf("%lld", t == NNEVER ? last :
+							   t == NNEVER + 1 ? 1 : last - 1);
+			for (surf = 0; surf < nsurf; surf++)
+				if (BEFORE_HORIZON())
+					present_token("horizon", (k + t + surf) % 5 == 0 ? AS_SU : AS_USR,
+								  key, tok, surf, "a token during the horizon");
+			free(tok);
+		}
+	}
+#undef BEFORE_HORIZON
+	return horizon_left_ms();
+}
+
 /* ---- setup --------------------------------------------------------------- */
 
 /* Create what the run needs; idempotent. */
@@ -2330,6 +2893,9 @@ setup(uint64 seed)
 		char	   *v;
 
 		guard_keys[i] = psprintf("'fz:g%d:%llu'", i, (unsigned long long) seed);
+		/* during the horizon no key can be granted: they are just keys */
+		if (horizon)
+			continue;
 		sql = psprintf("SELECT count(*) FROM dlock.try_acquire(%s, '1 hour', holder => 'dlock-fuzz guard')",
 					   guard_keys[i]);
 		must(dig, sql);
@@ -2358,6 +2924,55 @@ setup(uint64 seed)
 		free(sql);
 	}
 	must(dig, "RESET dlock.fence_bypass");
+
+	/*
+	 * The wrappers (issue 18): every call of wrap_fns in a function with a
+	 * SET clause of wrap_settings, fz.w_<setting>_<call>(key, owner, ttl,
+	 * token).  Made by the superuser, so that the settings only a
+	 * superuser may set can be in them; called by whoever may set them.
+	 */
+	initPQExpBuffer(&t);
+	for (i = 0; i < (int) lengthof(wrap_settings); i++)
+	{
+		int			j;
+
+		for (j = 0; j < (int) lengthof(wrap_fns); j++)
+			appendPQExpBuffer(&t, "CREATE FUNCTION fz.w_%s_%s(k text, o uuid, t interval, f bigint) "
+							  "RETURNS %s LANGUAGE sql SET %s AS $w$%s$w$;\n",
+							  wrap_settings[i].name, wrap_fns[j].name,
+							  wrap_fns[j].rettype, wrap_settings[i].set,
+							  wrap_fns[j].body);
+	}
+	must(dig, t.data);
+	termPQExpBuffer(&t);
+
+	/* which hostile keys dlock takes as keys (1 to 512 bytes of UTF-8) */
+	for (i = 0; i < (int) lengthof(hostile_keys); i++)
+	{
+		PGresult   *res;
+
+		sql = psprintf("SELECT octet_length(%s) BETWEEN 1 AND 512", hostile_keys[i]);
+		res = PQexec(dig, sql);
+		hostile_valid[i] = PQresultStatus(res) == PGRES_TUPLES_OK &&
+			PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+		PQclear(res);
+		free(sql);
+	}
+
+	/*
+	 * The token counter: dlock.token_seq since 0.6, dlock.fence_seq
+	 * before.  The horizon: the later of dlock.horizon_seq and (0.6)
+	 * dlock.horizon_mark, microseconds since 2000-01-01.
+	 */
+	if (strcmp(must_value(dig, "SELECT to_regclass('dlock.token_seq') IS NOT NULL"), "t") == 0)
+		token_sql = "SELECT last_value FROM dlock.token_seq";
+	else
+		token_sql = "SELECT last_value FROM dlock.fence_seq";
+	horizon_sql = psprintf("SELECT (extract(epoch FROM timestamptz '2000-01-01 00:00:00+00' "
+						   "+ greatest(h.last_value, %s) * interval '1 microsecond' "
+						   "- clock_timestamp()) * 1000)::bigint FROM dlock.horizon_seq h",
+						   strcmp(must_value(dig, "SELECT to_regclass('dlock.horizon_mark') IS NOT NULL"), "t") == 0 ?
+						   "(SELECT last_value FROM dlock.horizon_mark)" : "0");
 
 	/* the protected tables' part of the digest */
 	for (i = 0; i < 2; i++)
@@ -2495,6 +3110,12 @@ usage(void)
 		   "      --server-log=FILE look for PANIC, TRAP and signal deaths in FILE\n"
 		   "      --inject=SQL      also make this call as an attack that must be\n"
 		   "                        refused (to see the checker go red)\n"
+		   "      --sweep           first present every never-issued token for every\n"
+		   "                        key shape through every fencing surface, and make\n"
+		   "                        every wrapped call\n"
+		   "      --horizon         the server was just restarted in memory mode: check\n"
+		   "                        that every token is refused until the horizon, then\n"
+		   "                        stop (no other calls)\n"
 		   "  -v, --verbose         print every call\n"
 		   "  -d, --dbname=CONNSTR  database or connection string (as a superuser)\n"
 		   "  -h, --host=HOST       -p, --port=PORT       -U, --username=USER\n"
@@ -2517,6 +3138,8 @@ main(int argc, char **argv)
 		{"server-log", required_argument, NULL, 2},
 		{"inject", required_argument, NULL, 3},
 		{"help", no_argument, NULL, 4},
+		{"sweep", no_argument, NULL, 5},
+		{"horizon", no_argument, NULL, 6},
 		{NULL, 0, NULL, 0}
 	};
 	long		ncalls = 1000;
@@ -2570,6 +3193,12 @@ main(int argc, char **argv)
 			case 4:
 				usage();
 				exit(0);
+			case 5:
+				sweep = true;
+				break;
+			case 6:
+				horizon = true;
+				break;
 			default:
 				fprintf(stderr, "Try \"%s --help\" for more information.\n", progname);
 				exit(2);
@@ -2601,6 +3230,7 @@ main(int argc, char **argv)
 		seed %= UINT64CONST(1000000000000);
 	}
 	rng_state = seed;
+	run_seed = seed;
 	printf("dlock-fuzz: seed %llu, %ld calls\n", (unsigned long long) seed, ncalls);
 	fflush(stdout);
 
@@ -2629,6 +3259,19 @@ main(int argc, char **argv)
 	}
 
 	start = now_ms();
+	if (horizon)
+	{
+		long long	left = gen_horizon();
+
+		printf("horizon: %ld calls made before it, the last %lld ms before it passed\n",
+			   horizon_calls, left);
+		ncalls = 0;
+	}
+	else if (sweep)
+	{
+		gen_sweep();
+		ncalls += calls_made;	/* --calls counts the random calls */
+	}
 	while (calls_made < ncalls && !stop)
 	{
 		int			r = rnd(100);
@@ -2649,6 +3292,10 @@ main(int argc, char **argv)
 			gen_session();
 		else if (r < 75)
 			gen_reconnect();
+		else if (r < 78)
+			gen_never_issued();
+		else if (r < 80)
+			gen_wrapped();
 		else
 			gen_attack();
 	}
@@ -2676,6 +3323,8 @@ main(int argc, char **argv)
 		printf("  %-24s %7ld\n", cats[i].name, cats[i].n);
 	printf("attacks refused: %ld, stale writes refused: %ld, writes under the current token accepted: %ld\n",
 		   forgeries_refused, stale_refused, accepted_writes);
+	printf("never-issued tokens (and tokens during the horizon) refused: %ld, wrapped calls compared with direct ones: %ld\n",
+		   tokens_refused, wrapped_cases);
 	printf("time spent reading the state: %.1f s; in calls:", digest_ms / 1000.0);
 	for (i = 0; i < ntimes; i++)
 		printf(" %s %.1f s", times[i].name, times[i].n / 1000.0);

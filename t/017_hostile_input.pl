@@ -20,6 +20,21 @@
 #    the sequence (forgeries succeed; a refused call moves the sequence),
 #    when a call raises XX000, and when a backend is killed with SIGKILL
 #    during the run (the server restarts).
+# c. Tokens that were never issued (issue 18): 0, -1, -2^63, the token
+#    counter's last value + 1 and 2^63-1, for every key shape, through
+#    use_fence, fenced, check_fence and the fencing trigger (lease and
+#    'monotonic' tables), must be refused (LF001; check_fence false); and
+#    every call of dlock made through a wrapper function whose SET clause
+#    changes a setting dlock changes or relies on (synchronous_commit,
+#    search_path, lock_timeout, statement_timeout, the read-only settings,
+#    dlock.*) must end as the same call made directly (--sweep, and a few
+#    percent of the random calls).  In table mode (the random-seed run of
+#    a) and in memory mode (a second server with dlock.storage = memory).
+# d. Memory mode, right after a restart, while the horizon holds every
+#    key (an 8 s lease granted before the restart): no key is granted, and
+#    every token presented, the real ones included, is refused with LF001
+#    through every surface and every wrapper, until shortly before the
+#    horizon passes (--horizon).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -39,6 +54,7 @@ ok(-x $fuzz, 'dlock-fuzz is built');
 my $fixed_seed = 20260901;
 my $fixed_calls = 12000;
 my $random_calls = 8000;
+my $memory_calls = 2000;
 my $random_seed = int(rand(1_000_000_000));
 
 my $node = PostgreSQL::Test::Cluster->new('hostile');
@@ -60,16 +76,44 @@ for my $db (qw(fuzz1 fuzz2 fuzz3 fuzz4 fuzz5 fuzz6))
 		"CREATE DATABASE $db TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'");
 }
 
-# Start dlock-fuzz on database db as role; returns the harness.
-sub start_fuzz
+# The server of c and d: leases in shared memory, a short horizon margin,
+# so that a restart's horizon is the 8 s lease of d plus 0.2 s (the
+# generator stops when it has made its calls, long before under no load).
+my $mem = PostgreSQL::Test::Cluster->new('hostile_mem');
+$mem->init;
+$mem->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'dlock'
+dlock.storage = memory
+dlock.horizon_margin = '200ms'
+max_prepared_transactions = 2
+max_worker_processes = 8
+max_parallel_workers = 4
+log_min_messages = warning
+log_min_error_statement = panic
+});
+$mem->start;
+for my $db (qw(mfuzz mhorizon))
 {
-	my ($db, $role, $seed, $calls, $out, $err, @extra) = @_;
+	$mem->safe_psql('postgres',
+		"CREATE DATABASE $db TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'");
+}
+
+# Start dlock-fuzz on database db of server on as role; returns the harness.
+sub start_fuzz_on
+{
+	my ($on, $db, $role, $seed, $calls, $out, $err, @extra) = @_;
 	my @cmd = (
 		$fuzz, '--calls', $calls, '--seed', $seed, '--role', $role,
-		'--server-log', $log, '-h', $node->host, '-p', $node->port,
+		'--server-log', $on->logfile, '-h', $on->host, '-p', $on->port,
 		'-d', $db, @extra);
 	return IPC::Run::start(\@cmd, '>', $out, '2>', $err,
 		IPC::Run::timeout(900));
+}
+
+# The same on the table-mode server.
+sub start_fuzz
+{
+	return start_fuzz_on($node, @_);
 }
 
 # ---- a: the runs ----------------------------------------------------------
@@ -78,14 +122,21 @@ my $t0 = time;
 my $h1 = start_fuzz('fuzz1', 'dlock_fuzz1', $fixed_seed, $fixed_calls,
 	\$out1, \$err1);
 my $h2 = start_fuzz('fuzz2', 'dlock_fuzz2', $random_seed, $random_calls,
-	\$out2, \$err2);
+	\$out2, \$err2, '--sweep');
+# c, in memory mode, at the same time (the random-seed run ends first)
+my ($outm, $errm) = ('', '');
+my $hm = start_fuzz_on($mem, 'mfuzz', 'dlock_fuzz_m', $fixed_seed,
+	$memory_calls, \$outm, \$errm, '--sweep');
 $h1->finish;
 my $rc1 = $? >> 8;
 $h2->finish;
 my $rc2 = $? >> 8;
+$hm->finish;
+my $rcm = $? >> 8;
 diag("fixed seed $fixed_seed, $fixed_calls calls:\n$out1$err1");
-diag("random seed $random_seed, $random_calls calls (rerun with --seed $random_seed):\n$out2$err2");
-diag(sprintf("both runs took %d s", time - $t0));
+diag("random seed $random_seed, --sweep and $random_calls calls (rerun with --seed $random_seed):\n$out2$err2");
+diag("memory mode, seed $fixed_seed, --sweep and $memory_calls calls:\n$outm$errm");
+diag(sprintf("the three runs took %d s", time - $t0));
 is($rc1, 0, "fixed seed $fixed_seed: dlock-fuzz exits 0");
 like($out1, qr/^crashes: 0, violations: 0$/m, 'fixed seed: 0 crashes, 0 violations');
 # A generator step may make more than one call (and which steps run
@@ -106,6 +157,42 @@ ok($out1 =~ /attacks refused: (\d+), stale writes refused: (\d+), writes under t
 	'fixed seed: many attacks and stale writes refused, many good writes accepted');
 is($node->safe_psql('postgres',
 		"SELECT count(*) FROM pg_prepared_xacts"), '0', 'no prepared transaction left');
+
+# ---- c: never-issued tokens and wrappers, in both storage modes -----------
+# (their violations, if any, failed the runs above; here: that they ran)
+sub sweep_counts
+{
+	my ($out) = @_;
+	return $out =~ /^never-issued tokens \(and tokens during the horizon\) refused: (\d+), wrapped calls compared with direct ones: (\d+)$/m
+	  ? ($1, $2) : (0, 0);
+}
+my ($refused, $wrapped) = sweep_counts($out2);
+cmp_ok($refused, '>', 1500, 'table mode: never-issued tokens presented and refused');
+cmp_ok($wrapped, '>', 200, 'table mode: wrapped calls compared with direct calls');
+is($rcm, 0, 'memory mode: dlock-fuzz exits 0');
+like($outm, qr/^crashes: 0, violations: 0$/m, 'memory mode: 0 crashes, 0 violations');
+cmp_ok(calls_made($outm), '>=', $memory_calls, 'memory mode: all calls made');
+($refused, $wrapped) = sweep_counts($outm);
+cmp_ok($refused, '>', 1500, 'memory mode: never-issued tokens presented and refused');
+cmp_ok($wrapped, '>', 200, 'memory mode: wrapped calls compared with direct calls');
+
+# ---- d: every token refused during the horizon after a restart ------------
+my $last = $mem->safe_psql('mhorizon', q{
+	CREATE EXTENSION dlock;
+	SELECT fence FROM dlock.try_acquire('fz:k0', '8 s');
+});
+like($last, qr/^\d+$/, 'memory mode: an 8 s lease granted before the restart');
+$mem->restart;
+my ($outh, $errh) = ('', '');
+my $hh = start_fuzz_on($mem, 'mhorizon', 'dlock_fuzz_h', $fixed_seed, 1,
+	\$outh, \$errh, '--horizon');
+$hh->finish;
+my $rch = $? >> 8;
+diag("memory mode, right after a restart, --horizon:\n$outh$errh");
+is($rch, 0, 'horizon: dlock-fuzz exits 0');
+like($outh, qr/^crashes: 0, violations: 0$/m, 'horizon: 0 crashes, 0 violations');
+ok($outh =~ /^horizon: (\d+) calls made before it/m && $1 >= 200,
+	'horizon: at least 200 calls made before the horizon passed');
 
 # ---- b: the checks go red ---------------------------------------------------
 my ($o, $e);
@@ -135,7 +222,7 @@ $node->safe_psql('fuzz5', q{
 	GRANT USAGE, UPDATE ON SEQUENCE dlock.fence_seq TO PUBLIC;
 });
 ($o, $e) = ('', '');
-$h = start_fuzz('fuzz5', 'dlock_fuzz5', 2, 800, \$o, \$e,
+$h = start_fuzz('fuzz5', 'dlock_fuzz5', 3, 800, \$o, \$e,
 	'--inject', q{SELECT pg_catalog.nextval('dlock.fence_seq') / 0});
 $h->finish;
 isnt($? >> 8, 0, 'red: writable storage fails the run');
@@ -169,4 +256,5 @@ $node->poll_query_until('postgres', 'SELECT true')
   or die 'the server did not come back';
 
 $node->stop;
+$mem->stop;
 done_testing();
