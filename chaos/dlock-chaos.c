@@ -35,6 +35,11 @@
  * previous acknowledged lease, by token: crash-restarts included, which in
  * memory mode is the horizon's promise.
  *
+ * With --forge, a forger process presents forged tokens (0, -1, never
+ * issued, a key's last token before a crash in memory mode), quickest while
+ * the horizon holds every key after a restart: none may be accepted.  With
+ * --switch-modes, half of the restarts come back in the other storage mode.
+ *
  * --sabotage breaks one property for real (debug), so that the check must
  * report it: CI shows each check firing that way.
  *
@@ -71,6 +76,8 @@
 #define OP_RENEW	2
 #define OP_RELEASE	3
 #define OP_WRITE	4
+#define OP_FORGE	5			/* the forger: a write or check under a
+								 * token no lease of the key can have */
 
 /* outcomes */
 #define OUT_OK		1			/* granted, renewed, released, committed */
@@ -87,6 +94,23 @@
 #define F_PAUSE_BEFORE	0x02
 #define F_PAUSE_INSIDE	0x04
 #define F_WAIT			0x08	/* grant by acquire(wait => ...) */
+
+/* the forger's records (OP_FORGE): which token, presented how */
+#define F_TOK_ZERO		0x0100	/* token 0 */
+#define F_TOK_NEG		0x0200	/* token -1 */
+#define F_TOK_NEVER		0x0400	/* a token far above any issued */
+#define F_TOK_LAST		0x0800	/* the key's last token acknowledged before
+								 * a crash-restart in memory mode */
+#define F_TOK_MASK		0x0f00
+#define F_VIA_COLUMN	0x1000	/* INSERT with the token in the column */
+#define F_VIA_USE_FENCE 0x2000	/* use_fence, then the INSERT */
+#define F_VIA_FENCED	0x4000	/* INSERT ... WHERE dlock.fenced(...) */
+#define F_VIA_CHECK		0x8000	/* check_fence(...) said true */
+#define F_VIA_MASK		0xf000
+#define F_MONO			0x10000 /* into the 'monotonic' table */
+#define F_MEMORY		0x20000 /* the server was in memory mode */
+#define F_HORIZON		0x40000 /* a grant of a fresh key was refused just
+								 * before: the horizon held every key */
 
 /* One operation of one worker; written to the worker's log as is. */
 typedef struct ChaosOp
@@ -135,6 +159,8 @@ static bool no_fence = false;
 static int	crash_every_s = 10;
 static int	nemesis_ms = 300;
 static int	sabotage = 0;
+static bool forge = false;		/* --forge: run the forger */
+static bool switch_modes = false;	/* --switch-modes */
 static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 
 /* --sabotage kinds (debug: each breaks a property the check must catch) */
@@ -146,6 +172,7 @@ static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 #define S_EXPIRED		0x20	/* write, fence bypassed, after the expiry */
 #define S_ASYNC			0x40	/* synchronous_commit = off, crash after acks */
 #define S_STEAL			0x80	/* dlock.forget a live lease, grant it again */
+#define S_FORGE_BYPASS	0x100	/* a forged write with fence_bypass */
 
 static const struct
 {
@@ -160,6 +187,7 @@ static const struct
 	{"expired", S_EXPIRED},
 	{"async-commit", S_ASYNC},
 	{"steal", S_STEAL},
+	{"forge", S_FORGE_BYPASS},
 };
 
 /* state */
@@ -167,7 +195,7 @@ static volatile sig_atomic_t stop_requested = 0;
 static int64 start_us;
 static int64 end_us;
 static char logdir_buf[MAXPGPATH];
-static pid_t worker_pids[MAX_WORKERS];
+static pid_t worker_pids[MAX_WORKERS + 1];	/* the forger's last */
 static int64 stopped_until[MAX_WORKERS];
 static uint64 rng_state;
 
@@ -180,12 +208,53 @@ static long n_crash_backendkill = 0;
 static int	killed_pids[MAX_KILLED];
 static int	nkilled = 0;
 static long server_log_start = 0;
-static volatile int64 *acked_writes;	/* shared: writes whose COMMIT
-										 * returned, for async-commit */
+static long n_clean_restarts = 0;
+static long n_switches = 0;
+static bool memory_mode = false;	/* the server's dlock.storage now */
+
+/*
+ * Shared by every process of the run (an anonymous shared mapping made
+ * before the fork): what the workers acknowledged, what the nemesis did.
+ */
+typedef struct ChaosShared
+{
+	int64		acked_writes;	/* writes whose COMMIT returned, for
+								 * async-commit */
+	int64		key_token[MAX_KEYS];	/* per key, the largest token of an
+										 * acknowledged grant */
+	int64		last_token[MAX_KEYS];	/* key_token when the last crash
+										 * began */
+	int64		back_at;		/* monotonic: the server came back from the
+								 * last crash-restart */
+	int64		restart_us;		/* how long the longest crash-restart took */
+	int			pre_memory;		/* in memory mode when it began */
+	int			generation;		/* crash-restarts completed */
+} ChaosShared;
+
+static ChaosShared *shared;
+static volatile int64 *acked_writes;	/* &shared->acked_writes */
 #define MAX_CRASHES 4096
 static int64 crash_at[MAX_CRASHES][2];	/* monotonic: crash begun, server
-										 * back (statistics only) */
+										 * back */
+static bool crash_pre_memory[MAX_CRASHES];	/* in memory mode when it began */
+static bool crash_switch[MAX_CRASHES];	/* came back in the other mode */
 static int	ncrashes = 0;
+
+/* Raise *p to at least v, atomically. */
+static void
+atomic_max(int64 *p, int64 v)
+{
+	int64		old = *(volatile int64 *) p;
+
+	while (old < v)
+	{
+		int64		seen = __sync_val_compare_and_swap(p, old, v);
+
+		if (seen == old)
+			break;
+		old = seen;
+	}
+}
 
 /* Microseconds on CLOCK_MONOTONIC, the same clock in every process. */
 static int64
@@ -445,6 +514,8 @@ do_grant(PGconn *conn, Lease *l, int key)
 		r.srv_at = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
 		op_end(&r, OUT_OK, state);
 		l->deadline = r.t_done + (int64) l->ttl_ms * 1000;
+		/* for the forger: the key's latest acknowledged token */
+		atomic_max(&shared->key_token[l->key], l->fence);
 	}
 	else if (rc == RC_OK || rc == RC_BUSY)
 	{
@@ -919,6 +990,326 @@ worker_main(int w)
 }
 
 /*
+ * The forger's probe: can a fresh key be granted now?  A grant of a key
+ * nobody uses is refused only while the horizon holds every key (after a
+ * restart in memory mode, or in table mode after memory mode).  Returns
+ * RC_OK (granted), RC_BUSY (refused) or the error's class.
+ */
+static int
+forger_probe(PGconn *conn)
+{
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+
+	rc = run(conn, "SELECT count(*) FROM dlock.try_acquire('dlock-chaos:forger-probe', '1 ms')",
+			 0, NULL, &res, state, my_worker);
+	if (rc == RC_OK && strcmp(PQgetvalue(res, 0, 0), "0") == 0)
+		rc = RC_BUSY;
+	PQclear(res);
+	return rc;
+}
+
+/*
+ * One forged attempt: present a token that no lease of the key can have
+ * (0, -1, one never issued, or, after a crash-restart in memory mode, the
+ * key's last token acknowledged before the crash, whose lease the crash
+ * dropped) for a write into dlock_chaos_forged (or its 'monotonic' twin),
+ * or to check_fence.  Every acceptance is a violation, judged in the check
+ * from this record (and the row, which carries the record's number).
+ * With bypass (--sabotage=forge), the write sets dlock.fence_bypass: it is
+ * accepted, and the check must say so.
+ */
+static int
+forge_one(PGconn *conn, bool in_memory, bool in_horizon, int gen,
+		  bool bypass)
+{
+	ChaosOp		r;
+	Lease		l;
+	char		kbuf[32],
+				keybuf[64],
+				fbuf[32],
+				obuf[16],
+				sql[256];
+	const char *params[4];
+	const char *kparams[2];
+	const char *table;
+	PGresult   *res = NULL;
+	char		state[8];
+	int			rc;
+	int			key = chance(0.2) ? nkeys : (int) rnd_range(0, nkeys - 1);
+	int			tok = (int) rnd_range(0, 99);
+	int			via = (int) rnd_range(0, 9);
+	int64		token;
+	int			flags;
+
+	memset(&l, 0, sizeof(l));
+	l.key = key;
+	/* the key's last token before the crash, when its lease was in memory */
+	if (tok < 40 && key < nkeys && gen > 0 && shared->pre_memory &&
+		shared->last_token[key] > 0)
+	{
+		token = shared->last_token[key];
+		flags = F_TOK_LAST;
+	}
+	else if (tok < 70)
+	{
+		token = 0;
+		flags = F_TOK_ZERO;
+	}
+	else if (tok < 85)
+	{
+		token = -1;
+		flags = F_TOK_NEG;
+	}
+	else
+	{
+		/* far above anything a run can draw: never issued */
+		token = INT64CONST(1000000000000) + op_seq;
+		flags = F_TOK_NEVER;
+	}
+	if (bypass)
+	{
+		token = 0;
+		flags = F_TOK_ZERO;
+		via = 0;
+	}
+	flags |= via < 3 ? F_VIA_COLUMN : via < 6 ? F_VIA_USE_FENCE : via < 8 ? F_VIA_FENCED : F_VIA_CHECK;
+	if (!(flags & F_VIA_CHECK) && chance(0.3))
+		flags |= F_MONO;
+	if (in_memory)
+		flags |= F_MEMORY;
+	if (in_horizon)
+		flags |= F_HORIZON;
+	table = (flags & F_MONO) ? "dlock_chaos_forged_mono" : "dlock_chaos_forged";
+
+	if (key < nkeys)
+		snprintf(kbuf, sizeof(kbuf), "k%d", key);
+	else
+		strlcpy(kbuf, "never", sizeof(kbuf));
+	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:%s", kbuf);
+	snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, token);
+	l.fence = token;
+	op_begin(&r, OP_FORGE, &l);
+	r.flags = flags;
+	r.value = gen;
+	snprintf(obuf, sizeof(obuf), "%d", r.op);
+	params[0] = kbuf;
+	params[1] = fbuf;
+	params[2] = obuf;
+	params[3] = keybuf;
+	kparams[0] = keybuf;
+	kparams[1] = fbuf;
+
+	if (flags & F_VIA_CHECK)
+	{
+		r.t_fence1 = now_us();
+		rc = run(conn, "SELECT dlock.check_fence($1, $2::bigint)", 2, kparams,
+				 &res, state, my_worker);
+		if (rc == RC_OK)
+			op_end(&r, strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? OUT_OK : OUT_REFUSED, state);
+		else if (rc == RC_LOST)
+			op_end(&r, OUT_FAILED, state);
+		else
+			op_end(&r, rc == RC_LF001 ? OUT_REFUSED : OUT_UNEXPECTED, state);
+		PQclear(res);
+		return rc;
+	}
+	if (flags & F_VIA_FENCED)
+	{
+		snprintf(sql, sizeof(sql), "INSERT INTO %s (k, fence, op) SELECT $1, $2::bigint, $3::int WHERE dlock.fenced($4, $2::bigint)", table);
+		r.t_fence1 = r.t_ins = now_us();
+		rc = run(conn, sql, 4, params, &res, state, my_worker);
+		if (rc != RC_OK)
+			goto failed;
+		op_end(&r, strcmp(PQcmdTuples(res), "1") == 0 ? OUT_OK : OUT_NONE, state);
+		PQclear(res);
+		return rc;
+	}
+
+	/*
+	 * The token in the column (one statement, autocommit; in a transaction
+	 * with fence_bypass for the sabotage), or presented with use_fence first.
+	 */
+	if (bypass || (flags & F_VIA_USE_FENCE))
+	{
+		rc = run(conn, "BEGIN", 0, NULL, &res, state, my_worker);
+		if (rc != RC_OK)
+			goto failed;
+		PQclear(res);
+		res = NULL;
+	}
+	if (bypass)
+	{
+		rc = run(conn, "SET LOCAL dlock.fence_bypass = on", 0, NULL, &res, state, my_worker);
+		if (rc != RC_OK)
+			goto failed;
+		PQclear(res);
+		res = NULL;
+	}
+	if (flags & F_VIA_USE_FENCE)
+	{
+		r.t_fence1 = now_us();
+		rc = run(conn, "SELECT dlock.use_fence($1, $2::bigint)", 2, kparams, &res,
+				 state, my_worker);
+		if (rc != RC_OK)
+			goto failed;
+		PQclear(res);
+		res = NULL;
+	}
+	snprintf(sql, sizeof(sql), "INSERT INTO %s (k, fence, op) VALUES ($1, $2, $3)", table);
+	r.t_ins = now_us();
+	rc = run(conn, sql, 3, params, &res, state, my_worker);
+	if (rc != RC_OK)
+		goto failed;
+	PQclear(res);
+	res = NULL;
+	if (!bypass && !(flags & F_VIA_USE_FENCE))
+	{
+		op_end(&r, OUT_OK, state);
+		return rc;
+	}
+	r.t_commit = now_us();
+	rc = run(conn, "COMMIT", 0, NULL, &res, state, my_worker);
+	PQclear(res);
+	op_end(&r, rc == RC_OK ? OUT_OK : rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+	return rc;
+
+failed:
+	PQclear(res);
+	if (rc == RC_LOST)
+		op_end(&r, OUT_FAILED, state);
+	else
+	{
+		op_end(&r, rc == RC_LF001 ? OUT_REFUSED : OUT_UNEXPECTED, state);
+		rollback(conn);
+	}
+	return rc;
+}
+
+/*
+ * The forger (--forge), a process of its own that the nemesis leaves
+ * alone: all through the run, and above all in the moments right after
+ * each crash-restart, while the horizon holds every key in memory mode,
+ * it presents forged tokens (forge_one).  After a restart it reconnects
+ * every 20 ms, and until a grant of a fresh key succeeds (the horizon has
+ * passed) it forges every 2-10 ms; otherwise every 10-40 ms.  (Before each
+ * crash the nemesis takes a lease that outlives the restart, so that in
+ * memory mode the horizon is still there when the server is back.)
+ */
+static int
+forger_main(void)
+{
+	char		path[MAXPGPATH];
+	PGconn	   *conn = NULL;
+	int64		hard_end = end_us + 120 * INT64CONST(1000000);
+	int			gen = 0;
+	bool		in_memory = false;
+	bool		in_horizon = false;
+	bool		bypassed = false;
+	int64		hold_until = 0;
+
+	my_worker = nworkers;
+	rng_state = seed * 1000003 + 999983;
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	pqsignal(SIGINT, SIG_IGN);
+	pqsignal(SIGTERM, handle_stop);
+	snprintf(path, sizeof(path), "%s/forger.log", logdir);
+	oplog = fopen(path, "w");
+	if (oplog == NULL)
+	{
+		fprintf(stderr, "dlock-chaos: cannot create %s: %m\n", path);
+		return 3;
+	}
+
+	while (!stop_requested && now_us() < hard_end)
+	{
+		int			rc;
+		bool		bypass = false;
+
+		if (conn == NULL)
+		{
+			PGresult   *res;
+
+			/* the generation before connecting: the server is that one's or later */
+			gen = shared->generation;
+			__sync_synchronize();
+			conn = connect_db("dlock-chaos-forger", false);
+			if (conn == NULL)
+			{
+				sleep_until(now_us() + 20000);
+				continue;
+			}
+			res = PQexec(conn, "SHOW dlock.storage");
+			in_memory = PQresultStatus(res) == PGRES_TUPLES_OK &&
+				strcmp(PQgetvalue(res, 0, 0), "memory") == 0;
+			PQclear(res);
+			in_horizon = true;
+		}
+		if (in_horizon)
+		{
+			rc = forger_probe(conn);
+			if (rc == RC_OK)
+				in_horizon = false;
+			else if (rc != RC_BUSY)
+			{
+				PQfinish(conn);
+				conn = NULL;
+				continue;
+			}
+		}
+		/*
+		 * Also keep a lease of our own in use that outlives a restart (1.5 s
+		 * longer than the longest one so far, 5-10 s), whatever the mode:
+		 * a second way to have the horizon there when the server is back.
+		 */
+		if (!in_horizon && now_us() > hold_until)
+		{
+			PGresult   *res;
+			char		state[8];
+			char		ttl[32];
+			const char *p1[1] = {ttl};
+			int64		hold_ms = Min(10000, Max(5000, 1500 + shared->restart_us / 1000));
+
+			hold_until = now_us() + hold_ms * 500;
+			snprintf(ttl, sizeof(ttl), INT64_FORMAT " ms", hold_ms);
+			rc = run(conn, "SELECT count(*) FROM dlock.try_acquire('dlock-chaos:forger-hold', $1::interval)",
+					 1, p1, &res, state, my_worker);
+			PQclear(res);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+				continue;
+			}
+		}
+		if ((sabotage & S_FORGE_BYPASS) && !bypassed &&
+			now_us() > start_us + 500000)
+			bypass = bypassed = true;
+		rc = forge_one(conn, in_memory, in_horizon, gen, bypass);
+		if (bypass && rc == RC_OK)
+			printf("dlock-chaos: sabotage: the forger wrote under token 0 with dlock.fence_bypass\n");
+		else if (bypass)
+			bypassed = false;
+		if (rc == RC_LOST || shared->generation != gen)
+		{
+			PQfinish(conn);
+			conn = NULL;
+			continue;
+		}
+		sleep_until(now_us() + (in_horizon ? rnd_range(2, 10) : rnd_range(10, 40)) * 1000);
+	}
+	if (conn)
+		PQfinish(conn);
+	if (fclose(oplog) != 0)
+	{
+		fprintf(stderr, "dlock-chaos: the forger cannot write its log: %m\n");
+		return 3;
+	}
+	return 0;
+}
+
+/*
  * Run pg_ctl with the given arguments, its output to a file in the log
  * directory (never our stdout: the postmaster it starts would inherit it
  * and keep a pipe of whoever runs us open).  Returns its exit status.
@@ -930,6 +1321,28 @@ run_pg_ctl(const char *a1, const char *a2, const char *a3, const char *a4,
 	pid_t		pid;
 	int			status;
 	char		path[MAXPGPATH];
+	char		opts[64];
+	const char *argv[12];
+	int			n = 0;
+
+	argv[n++] = pg_ctl;
+	argv[n++] = "-D";
+	argv[n++] = pgdata;
+	argv[n++] = a1;
+	argv[n++] = a2;
+	argv[n++] = a3;
+	argv[n++] = a4;
+	argv[n++] = a5;
+	argv[n++] = a6;
+	/* --switch-modes: every start says which storage mode */
+	if (switch_modes && strcmp(a6, "start") == 0)
+	{
+		snprintf(opts, sizeof(opts), "-c dlock.storage=%s",
+				 memory_mode ? "memory" : "table");
+		argv[n++] = "-o";
+		argv[n++] = opts;
+	}
+	argv[n] = NULL;
 
 	snprintf(path, sizeof(path), "%s/pg_ctl.out", logdir);
 	pid = fork();
@@ -944,7 +1357,7 @@ run_pg_ctl(const char *a1, const char *a2, const char *a3, const char *a4,
 		dup2(out, 1);
 		dup2(out, 2);
 		pqsignal(SIGINT, SIG_IGN);
-		execl(pg_ctl, pg_ctl, "-D", pgdata, a1, a2, a3, a4, a5, a6, (char *) NULL);
+		execv(pg_ctl, (char *const *) argv);
 		_exit(127);
 	}
 	while (waitpid(pid, &status, 0) < 0)
@@ -1043,13 +1456,38 @@ random_backend(PGconn *conn)
 }
 
 /*
- * Crash the server one of three ways and bring it back.  Returns false if
+ * After a backend's SIGKILL: wait until the postmaster has reaped it (it
+ * then stops every other process and refuses connections until the reset
+ * is over) and until a connection succeeds again, so that the time we
+ * record as "the server is back" comes after the reset.
+ */
+static void
+wait_reset(pid_t pid)
+{
+	int64		give_up = now_us() + 60 * INT64CONST(1000000);
+	char		path[64];
+	PGconn	   *conn;
+
+	snprintf(path, sizeof(path), "/proc/%d", (int) pid);
+	while (access(path, F_OK) == 0 && now_us() < give_up)
+		sleep_until(now_us() + 2000);
+	sleep_until(now_us() + 20000);
+	while ((conn = connect_db("dlock-chaos-nemesis", false)) == NULL &&
+		   now_us() < give_up)
+		sleep_until(now_us() + 10000);
+	if (conn)
+		PQfinish(conn);
+}
+
+/*
+ * Crash the server one of three ways (with --switch-modes, four: a clean
+ * restart too) and bring it back.  Returns false if
  * it cannot be brought back.
  */
 static bool
 crash_restart(PGconn **nconn)
 {
-	int			kind = (int) rnd_range(0, 2);
+	int			kind = (int) rnd_range(0, switch_modes ? 3 : 2);
 	pid_t		pm = postmaster_pid();
 
 	continue_all();
@@ -1069,10 +1507,33 @@ crash_restart(PGconn **nconn)
 			if (kill(pid, SIGKILL) == 0)
 			{
 				n_crash_backendkill++;
+				wait_reset(pid);
 				return true;
 			}
 		}
 		kind = 0;
+	}
+
+	/*
+	 * --switch-modes: half of the restarts (never a reset, which keeps the
+	 * postmaster's settings) come back in the other storage mode.
+	 */
+	if (switch_modes && chance(0.5))
+	{
+		memory_mode = !memory_mode;
+		n_switches++;
+		if (ncrashes < MAX_CRASHES)
+			crash_switch[ncrashes] = true;
+	}
+	if (kind == 3)
+	{
+		/* a clean restart, as for a planned switch */
+		if (run_pg_ctl("-m", "fast", "-w", "-t", "60", "stop") != 0)
+		{
+			fprintf(stderr, "dlock-chaos: pg_ctl stop -m fast failed (see %s/pg_ctl.out)\n", logdir);
+			return false;
+		}
+		n_clean_restarts++;
 	}
 	if (kind == 1 && pm > 0)
 	{
@@ -1087,7 +1548,7 @@ crash_restart(PGconn **nconn)
 				sleep_until(now_us() + 20000);
 		}
 	}
-	if (kind != 1)
+	if (kind == 0 || kind == 2)
 	{
 		if (run_pg_ctl("-m", "immediate", "-w", "-t", "60", "stop") != 0)
 		{
@@ -1210,7 +1671,31 @@ nemesis(void)
 		if (pgdata && t >= next_crash)
 		{
 			int64		c0 = now_us();
+			int64		before[MAX_KEYS];
+			bool		was_memory = memory_mode;
 
+			/* the keys' tokens acknowledged before this crash, for the forger */
+			memcpy(before, shared->key_token, sizeof(int64) * nkeys);
+
+			/*
+			 * --forge: take a lease that outlives the restart (2 s longer than
+			 * the longest one so far, 5 s at least, 15 s at most), so that in
+			 * memory mode (or after a switch from table mode, which waits out
+			 * the table's live leases) the horizon still holds every key when
+			 * the server is back and the forger can try its tokens then.
+			 */
+			if (forge && nconn != NULL && (sabotage & S_ASYNC) == 0)
+			{
+				char		key[64],
+							ttl[32];
+				const char *p2[2] = {key, ttl};
+
+				snprintf(key, sizeof(key), "dlock-chaos:nemesis-hold-%d", ncrashes);
+				snprintf(ttl, sizeof(ttl), INT64_FORMAT " ms",
+						 Min(15000, Max(5000, 2000 + shared->restart_us / 1000)));
+				PQclear(PQexecParams(nconn, "SELECT count(*) FROM dlock.try_acquire($1, $2::interval)",
+									 2, NULL, p2, NULL, NULL, 0));
+			}
 			if (!((sabotage & S_ASYNC) ? crash_after_ack(&nconn) : crash_restart(&nconn)))
 			{
 				ok = false;
@@ -1220,8 +1705,15 @@ nemesis(void)
 			{
 				crash_at[ncrashes][0] = c0;
 				crash_at[ncrashes][1] = now_us();
+				crash_pre_memory[ncrashes] = was_memory;
 				ncrashes++;
 			}
+			memcpy(shared->last_token, before, sizeof(int64) * nkeys);
+			shared->pre_memory = was_memory;
+			shared->back_at = now_us();
+			shared->restart_us = Max(shared->restart_us, shared->back_at - c0);
+			__sync_synchronize();
+			shared->generation++;
 			next_crash = now_us() + rnd_range(crash_every_s / 2 * 1000000, crash_every_s * 1500000);
 			/* async-commit: crash again as soon as the workers are back */
 			if (sabotage & S_ASYNC)
@@ -1289,7 +1781,7 @@ setup(void)
 		exit(2);
 	setup_exec(conn, "SET client_min_messages = warning");
 	setup_exec(conn, "CREATE EXTENSION IF NOT EXISTS dlock");
-	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter");
+	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter, dlock_chaos_forged, dlock_chaos_forged_mono");
 	setup_exec(conn, "CREATE TABLE dlock_chaos_counter (k text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL DEFAULT 0)");
 	setup_exec(conn, "CREATE TABLE dlock_chaos_history (id bigserial PRIMARY KEY, k text NOT NULL, value bigint NOT NULL, fence bigint NOT NULL, worker int NOT NULL, op int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())");
 	snprintf(sql, sizeof(sql),
@@ -1303,6 +1795,21 @@ setup(void)
 		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
 			strlcpy(seq_at_start, PQgetvalue(res, 0, 0), sizeof(seq_at_start));
 		PQclear(res);
+	}
+	{
+		PGresult   *res = PQexec(conn, "SHOW dlock.storage");
+
+		memory_mode = PQresultStatus(res) == PGRES_TUPLES_OK &&
+			strcmp(PQgetvalue(res, 0, 0), "memory") == 0;
+		PQclear(res);
+	}
+	if (forge)
+	{
+		/* the forger's tables: every row in them is a forged write accepted */
+		setup_exec(conn, "CREATE TABLE dlock_chaos_forged (id bigserial PRIMARY KEY, k text NOT NULL, fence bigint NOT NULL, op int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())");
+		setup_exec(conn, "CREATE TABLE dlock_chaos_forged_mono (LIKE dlock_chaos_forged INCLUDING ALL)");
+		setup_exec(conn, "CREATE TRIGGER fence BEFORE INSERT OR UPDATE OR DELETE ON dlock_chaos_forged FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('dlock-chaos:{k}', 'fence')");
+		setup_exec(conn, "CREATE TRIGGER fence BEFORE INSERT OR UPDATE OR DELETE ON dlock_chaos_forged_mono FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('dlock-chaos:{k}', 'fence', 'monotonic')");
 	}
 	if (!no_fence)
 	{
@@ -1323,6 +1830,9 @@ static int64 *written_at[MAX_WORKERS];	/* per record: the row's written_at
 /* violation counts by kind, and how many were printed */
 static long violations = 0;
 static long vio_kind[16];
+static ChaosOp *flog;			/* the forger's records */
+static int	flog_n = 0;
+static bool *flog_in_db;		/* per record: its row exists */
 
 #define V_GAP		0
 #define V_DUP		1
@@ -1338,6 +1848,7 @@ static long vio_kind[16];
 #define V_COUNTER	11
 #define V_STALE_SRV 12
 #define V_EXCLUSION 13
+#define V_FORGED	14
 
 static const char *const vio_name[] = {
 	"history gap", "lost update (duplicate value)", "fences out of order",
@@ -1346,7 +1857,8 @@ static const char *const vio_name[] = {
 	"acknowledged write lost", "write in the database that was not accepted",
 	"unexpected error", "server log", "counter row wrong",
 	"write accepted after its lease expired (server clock)",
-	"key granted while an acknowledged lease of it was live (server clock)"
+	"key granted while an acknowledged lease of it was live (server clock)",
+	"forged token accepted"
 };
 
 /* Report one violation (printed for the first SHOW_MAX of its kind). */
@@ -1388,6 +1900,29 @@ read_logs(void)
 		in_db[w] = pg_malloc0(sizeof(bool) * (wlog_n[w] + 1));
 		written_at[w] = pg_malloc0(sizeof(int64) * (wlog_n[w] + 1));
 		if (wlog_n[w] > 0 && fread(wlog[w], sizeof(ChaosOp), wlog_n[w], f) != (size_t) wlog_n[w])
+		{
+			fprintf(stderr, "dlock-chaos: cannot read %s\n", path);
+			fclose(f);
+			return false;
+		}
+		fclose(f);
+	}
+	if (forge)
+	{
+		char		path[MAXPGPATH];
+		struct stat st;
+		FILE	   *f;
+
+		snprintf(path, sizeof(path), "%s/forger.log", logdir);
+		if (stat(path, &st) != 0 || (f = fopen(path, "r")) == NULL)
+		{
+			fprintf(stderr, "dlock-chaos: cannot read %s: %m\n", path);
+			return false;
+		}
+		flog_n = (int) (st.st_size / sizeof(ChaosOp));
+		flog = pg_malloc0(sizeof(ChaosOp) * (flog_n + 1));
+		flog_in_db = pg_malloc0(sizeof(bool) * (flog_n + 1));
+		if (flog_n > 0 && fread(flog, sizeof(ChaosOp), flog_n, f) != (size_t) flog_n)
 		{
 			fprintf(stderr, "dlock-chaos: cannot read %s\n", path);
 			fclose(f);
@@ -1586,6 +2121,8 @@ static long x_released = 0;		/* of which the first was released */
 static long x_crash = 0;		/* of which a crash-restart came between, the
 								 * first lease certainly live at the crash */
 static long x_unknown = 0;		/* skipped: a release's outcome unknown */
+static long x_switch = 0;		/* of which a restart into the other storage
+								 * mode came between, the first live at it */
 static int64 x_margin = PG_INT64_MAX;	/* smallest (grant - end), us, of
 										 * the pairs without a release */
 
@@ -1678,12 +2215,134 @@ check_exclusion(ChaosOp **grants, int ngrants)
 				x_crash++;
 				break;
 			}
+		for (c = 0; c < ncrashes; c++)
+			if (crash_switch[c] && crash_at[c][0] > a->t_done && crash_at[c][1] < b->t_inv &&
+				crash_at[c][0] < a->t_inv + (int64) a->ttl_ms * 1000 &&
+				crash_at[c][0] < release_inv)
+			{
+				x_switch++;
+				break;
+			}
 		if (b->srv_at < limit)
 			violation(V_EXCLUSION, "k%d granted with fence " INT64_FORMAT " (worker %d op %d, invoked at %.6f s) %.3f ms before the end of the lease with fence " INT64_FORMAT " (worker %d op %d, acknowledged at %.6f s, %s)",
 					  b->key, b->fence, b->worker, b->op, rel(b->t_inv),
 					  (limit - b->srv_at) / 1000.0, a->fence, a->worker, a->op,
 					  rel(a->t_done),
 					  released_at < end ? "its release" : "its expires_at");
+	}
+}
+
+/* the forger's figures */
+static long f_attempts = 0;
+static long f_horizon = 0;		/* with a fresh key's grant refused just before */
+static long f_memory = 0;		/* in memory mode */
+static long f_accepted = 0;
+static long f_by_tok[4];
+static long f_by_via[4];
+static long f_mono = 0;
+
+/*
+ * The forger's attempts.  A forged token is 0, -1 or never issued: any
+ * acceptance (a row in a forged table, or check_fence saying true) is a
+ * violation.  The last token acknowledged for a key before a crash-restart
+ * that began in memory mode: an acceptance is a violation if the grant of
+ * that token was acknowledged before such a crash began and the attempt
+ * was made after the server was back (the crash dropped the lease, in
+ * whatever mode the server came back).  grants: the acknowledged grants
+ * sorted by key and token.
+ */
+static void
+check_forged(PGconn *conn, ChaosOp **grants, int ngrants)
+{
+	PGresult   *res;
+	int			i;
+
+	res = PQexec(conn, "SELECT op, k, fence FROM dlock_chaos_forged UNION ALL SELECT op, k, fence FROM dlock_chaos_forged_mono");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "dlock-chaos: cannot read the forged tables: %s", PQerrorMessage(conn));
+		violation(V_FORGED, "the forged tables are unreadable");
+		PQclear(res);
+		return;
+	}
+	for (i = 0; i < PQntuples(res); i++)
+	{
+		int			op = atoi(PQgetvalue(res, i, 0));
+
+		if (op >= 0 && op < flog_n && flog[op].type == OP_FORGE)
+			flog_in_db[op] = true;
+		else
+			violation(V_FORGED, "a row of %s with token %s, op %d, matches no attempt of the forger",
+					  PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), op);
+	}
+	PQclear(res);
+
+	for (i = 0; i < flog_n; i++)
+	{
+		const ChaosOp *r = &flog[i];
+		int			tk = (r->flags & F_TOK_MASK) >> 8;
+		int			via = (r->flags & F_VIA_MASK) >> 12;
+		bool		accepted;
+		const char *why = NULL;
+
+		if (r->type != OP_FORGE)
+			continue;
+		f_attempts++;
+		if (r->flags & F_HORIZON)
+			f_horizon++;
+		if (r->flags & F_MEMORY)
+			f_memory++;
+		if (r->flags & F_MONO)
+			f_mono++;
+		f_by_tok[tk == 1 ? 0 : tk == 2 ? 1 : tk == 4 ? 2 : 3]++;
+		f_by_via[via == 1 ? 0 : via == 2 ? 1 : via == 4 ? 2 : 3]++;
+		if (r->outcome == OUT_UNEXPECTED)
+			violation(V_ERROR, "forger op %d: SQLSTATE %s at %.3f s", i, r->sqlstate, rel(r->t_done));
+		accepted = flog_in_db[i] ||
+			((r->flags & F_VIA_CHECK) && r->outcome == OUT_OK);
+		if (!accepted)
+			continue;
+		f_accepted++;
+		if (r->flags & (F_TOK_ZERO | F_TOK_NEG))
+			why = "a token below 1";
+		else if (r->flags & F_TOK_NEVER)
+			why = "a token never issued";
+		else
+		{
+			/* the last token before a crash: find its grant */
+			int			lo = 0,
+						hi = ngrants - 1,
+						c;
+
+			while (lo <= hi)
+			{
+				int			mid = (lo + hi) / 2;
+				const ChaosOp *g = grants[mid];
+
+				if (g->key < r->key || (g->key == r->key && g->fence < r->fence))
+					lo = mid + 1;
+				else
+					hi = mid - 1;
+			}
+			if (lo < ngrants && grants[lo]->key == r->key && grants[lo]->fence == r->fence)
+				for (c = 0; c < ncrashes; c++)
+					if (crash_pre_memory[c] && crash_at[c][0] > grants[lo]->t_done &&
+						crash_at[c][1] < r->t_inv)
+					{
+						why = "the token of a lease dropped by a crash-restart in memory mode";
+						break;
+					}
+		}
+		if (why)
+			violation(V_FORGED, "k%s token " INT64_FORMAT " (%s) accepted %s at %.3f s (forger op %d, %s, %s mode%s)",
+					  r->key < nkeys ? psprintf("%d", r->key) : "never", r->fence, why,
+					  (r->flags & F_VIA_CHECK) ? "by check_fence" :
+					  (r->flags & F_VIA_USE_FENCE) ? "by use_fence and the trigger" :
+					  (r->flags & F_VIA_FENCED) ? "by fenced and the trigger" : "by the trigger (token column)",
+					  rel(r->t_inv), i,
+					  (r->flags & F_MONO) ? "monotonic table" : "lease table",
+					  (r->flags & F_MEMORY) ? "memory" : "table",
+					  (r->flags & F_HORIZON) ? ", while the horizon held every key" : "");
 	}
 }
 
@@ -1795,7 +2454,6 @@ check(void)
 		violation(V_COUNTER, "counter %s is %s, the history's highest value %s (with a different number of rows)",
 				  PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), PQgetvalue(res, i, 2));
 	PQclear(res);
-	PQfinish(conn);
 
 	/* the logs' side */
 	for (w = 0; w < nworkers; w++)
@@ -1896,6 +2554,9 @@ check(void)
 	}
 
 	check_exclusion(grants, ngrants);
+	if (forge)
+		check_forged(conn, grants, ngrants);
+	PQfinish(conn);
 
 	/* writes */
 	for (w = 0; w < nworkers; w++)
@@ -2019,16 +2680,25 @@ check(void)
 		   c_attempts, c_refused, c_lostconn, c_stale_cut, n_crash_immediate, n_crash_pmkill, n_crash_backendkill);
 	printf("dlock-chaos: accepted writes checked against the server's expires_at: %ld (skipped, a renewal's outcome unknown: %ld)\n",
 		   c_srv_checked, c_srv_skipped);
-	printf("dlock-chaos: consecutive grants of a key checked for exclusion by the server's clock: %ld (the first released: %ld; a crash-restart between, the first live at the crash: %ld; skipped, a release's outcome unknown: %ld; closest grant after an unreleased lease: %.3f ms after its end)\n",
-		   x_checked, x_released, x_crash, x_unknown,
+	printf("dlock-chaos: consecutive grants of a key checked for exclusion by the server's clock: %ld (the first released: %ld; a crash-restart between, the first live at the crash: %ld; a restart into the other storage mode between, the first live at it: %ld; skipped, a release's outcome unknown: %ld; closest grant after an unreleased lease: %.3f ms after its end)\n",
+		   x_checked, x_released, x_crash, x_switch, x_unknown,
 		   x_margin != PG_INT64_MAX ? x_margin / 1000.0 : 0.0);
+	if (switch_modes)
+		printf("dlock-chaos: storage mode switches: %ld (clean restarts: %ld); the server ends in %s mode\n",
+			   n_switches, n_clean_restarts, memory_mode ? "memory" : "table");
+	if (forge)
+		printf("dlock-chaos: forged tokens presented: %ld (0: %ld, -1: %ld, never issued: %ld, the last before a crash in memory mode: %ld; in the token column: %ld, with use_fence: %ld, with fenced: %ld, to check_fence: %ld; to the monotonic table: %ld; in memory mode: %ld; while the horizon held every key: %ld), accepted: %ld\n",
+			   f_attempts, f_by_tok[0], f_by_tok[1], f_by_tok[2], f_by_tok[3],
+			   f_by_via[0], f_by_via[1], f_by_via[2], f_by_via[3], f_mono,
+			   f_memory, f_horizon, f_accepted);
 	for (i = 0; i < (int) lengthof(vio_name); i++)
 		if (vio_kind[i] > 0)
 			printf("dlock-chaos: violations: %s: %ld\n", vio_name[i], vio_kind[i]);
-	printf("dlock-chaos: counts: grants=%d takeovers=%ld accepted_writes=%ld stale_writes=%ld stale_writes_refused=%ld renewals=%ld releases=%ld pauses=%ld sigstops=%ld backend_kills=%ld crash_restarts=%ld indeterminate=%ld violations=%ld\n",
+	printf("dlock-chaos: counts: grants=%d takeovers=%ld accepted_writes=%ld stale_writes=%ld stale_writes_refused=%ld renewals=%ld releases=%ld pauses=%ld sigstops=%ld backend_kills=%ld crash_restarts=%ld indeterminate=%ld forged=%ld forged_in_horizon=%ld mode_switches=%ld violations=%ld\n",
 		   ngrants, c_takeovers, c_accepted, c_stale, c_stale_refused, c_renewals, c_releases,
 		   c_pauses, n_sigstops, n_terminates,
-		   n_crash_immediate + n_crash_pmkill + n_crash_backendkill, c_indet, violations);
+		   n_crash_immediate + n_crash_pmkill + n_crash_backendkill + n_clean_restarts,
+		   c_indet, f_attempts, f_horizon, n_switches, violations);
 	fflush(stdout);
 	return violations;
 }
@@ -2068,7 +2738,7 @@ stop_workers(void)
 	bool		ok = true;
 	int			i;
 
-	for (i = 0; i < nworkers; i++)
+	for (i = 0; i <= nworkers; i++)
 		if (worker_pids[i] > 0)
 		{
 			kill(worker_pids[i], SIGTERM);
@@ -2082,7 +2752,7 @@ stop_workers(void)
 
 		if (pid > 0)
 		{
-			for (i = 0; i < nworkers; i++)
+			for (i = 0; i <= nworkers; i++)
 				if (worker_pids[i] == pid)
 				{
 					worker_pids[i] = 0;
@@ -2099,7 +2769,7 @@ stop_workers(void)
 			break;
 		if (now_us() > give_up)
 		{
-			for (i = 0; i < nworkers; i++)
+			for (i = 0; i <= nworkers; i++)
 				if (worker_pids[i] > 0)
 				{
 					fprintf(stderr, "dlock-chaos: worker %d did not stop in time: killed\n", i);
@@ -2134,12 +2804,17 @@ usage(void)
 		   "  --nemesis-every=MS  mean ms between SIGSTOPs and terminations (default 300)\n"
 		   "  --logdir=DIR        keep the operation logs here (default: a temporary\n"
 		   "                      directory, removed unless a violation is found)\n"
+		   "  --forge             run the forger: present forged tokens (0, -1, never\n"
+		   "                      issued, the last before a crash in memory mode),\n"
+		   "                      above all right after each crash-restart\n"
+		   "  --switch-modes      half of the crash-restarts (with --pgdata) come back\n"
+		   "                      in the other dlock.storage mode (needs dlock preloaded)\n"
 		   "  --no-fence          debug: leave the tables unprotected by fence_guard\n"
 		   "                      (the check must then report violations)\n"
 		   "  --sabotage=KIND,... debug: break one property for real, so that the\n"
 		   "                      check must report it (repeatable): setval,\n"
 		   "                      delete-history, forge-history, server-log,\n"
-		   "                      superseded, expired, async-commit, steal\n"
+		   "                      superseded, expired, async-commit, steal, forge\n"
 		   "  -d, --dbname=DB     database name or connection string\n"
 		   "  -h, --host=HOST     server host or socket directory\n"
 		   "  -p, --port=PORT     server port\n"
@@ -2183,6 +2858,8 @@ main(int argc, char **argv)
 		{"nemesis-every", required_argument, NULL, 11},
 		{"help", no_argument, NULL, 12},
 		{"sabotage", required_argument, NULL, 13},
+		{"forge", no_argument, NULL, 14},
+		{"switch-modes", no_argument, NULL, 15},
 		{"dbname", required_argument, NULL, 'd'},
 		{"host", required_argument, NULL, 'h'},
 		{"port", required_argument, NULL, 'p'},
@@ -2271,6 +2948,12 @@ main(int argc, char **argv)
 					pg_free(list);
 				}
 				break;
+			case 14:
+				forge = true;
+				break;
+			case 15:
+				switch_modes = true;
+				break;
 			case 'd':
 				dbname = optarg;
 				break;
@@ -2302,6 +2985,11 @@ main(int argc, char **argv)
 		((sabotage & S_ASYNC) && pgdata == NULL))
 	{
 		fprintf(stderr, "dlock-chaos: --sabotage=server-log needs --server-log; async-commit needs crash-restarts\n");
+		exit(2);
+	}
+	if ((switch_modes && pgdata == NULL) || ((sabotage & S_FORGE_BYPASS) && !forge))
+	{
+		fprintf(stderr, "dlock-chaos: --switch-modes needs crash-restarts; --sabotage=forge needs --forge\n");
 		exit(2);
 	}
 	if (!seed_given)
@@ -2337,14 +3025,15 @@ main(int argc, char **argv)
 	pqsignal(SIGINT, handle_stop);
 	pqsignal(SIGTERM, handle_stop);
 	pqsignal(SIGHUP, handle_stop);
-	acked_writes = mmap(NULL, sizeof(int64), PROT_READ | PROT_WRITE,
-						MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (acked_writes == MAP_FAILED)
+	shared = mmap(NULL, sizeof(ChaosShared), PROT_READ | PROT_WRITE,
+				  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (shared == MAP_FAILED)
 	{
 		fprintf(stderr, "dlock-chaos: mmap failed: %m\n");
 		exit(2);
 	}
-	*acked_writes = 0;
+	memset(shared, 0, sizeof(ChaosShared));
+	acked_writes = &shared->acked_writes;
 	start_us = now_us();
 	end_us = start_us + (int64) duration_s * 1000000;
 	fflush(stdout);
@@ -2362,6 +3051,20 @@ main(int argc, char **argv)
 		if (pid == 0)
 			_exit(worker_main(w));
 		worker_pids[w] = pid;
+	}
+	if (forge && !stop_requested)
+	{
+		pid_t		pid = fork();
+
+		if (pid < 0)
+		{
+			fprintf(stderr, "dlock-chaos: fork failed: %m\n");
+			stop_requested = 1;
+		}
+		else if (pid == 0)
+			_exit(forger_main());
+		else
+			worker_pids[nworkers] = pid;
 	}
 
 	if (!stop_requested)
