@@ -20,13 +20,15 @@
 #
 # 1. The run: exit 0, no violation, and counts showing that it happened:
 #    mode switches, crash-restarts, forged tokens presented (some during
-#    the horizon), grants checked for exclusion.
+#    the horizon), grants checked for exclusion.  When a run falls short of
+#    those counts (too few restarts on a loaded machine), up to two more
+#    runs with the next seeds, each of which must be clean too.
 # 2. The forger's check is not vacuous: --sabotage=forge (one forged write
 #    under token 0 with dlock.fence_bypass) must exit 1 with "forged token
 #    accepted".  (On dlock 0.5 the run of part 1 itself goes red: token 0
 #    was accepted for every key while the horizon held.)
 #
-# About 35 s on 2 shared cores.
+# About 35 s on 2 shared cores (up to 90 s when it needs three runs).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -62,38 +64,46 @@ my @crash = (
 	'--server-log' => $node->logfile,
 	'--crash-every' => 4);
 
+# Up to three runs (seeds $seed, $seed + 1, $seed + 2), until together they
+# have done what the test is about: on a loaded machine a run may see too
+# few restarts for the forger to meet a horizon.  Every run must be clean.
 my $seed = $ENV{DLOCK_CHAOS_SEED} // 27;
+my %sum;
+my @cover = qw(grants accepted_writes crash_restarts mode_switches forged forged_in_horizon);
+my ($runs, $across_all) = (0, 0);
+while ($runs < 3 && ($runs == 0 || grep { !$sum{$_} } @cover))
 {
+	my $s = $seed + $runs++;
 	my $t0 = time();
+	$node->_update_pid(1);
 	my ($rc, $out, $err, $c) = chaos(
 		'--duration' => 25,
 		'--workers' => 8,
 		'--keys' => 4,
-		'--seed' => $seed,
+		'--seed' => $s,
 		'--forge',
 		'--switch-modes',
 		@crash);
-	note sprintf('chaos run: %.1f s', time() - $t0);
-	is($rc, 0, "modes, seed $seed: dlock-chaos exits 0")
-	  or diag "seed $seed:\n$out\n$err";
-	is($c->{violations}, 0, "modes, seed $seed: no violation");
+	note sprintf('chaos run %d (seed %d): %.1f s', $runs, $s, time() - $t0);
+	is($rc, 0, "modes, seed $s: dlock-chaos exits 0")
+	  or diag "seed $s:\n$out\n$err";
+	is($c->{violations}, 0, "modes, seed $s: no violation");
 	foreach my $v (
 		'forged token accepted',
 		'key granted while an acknowledged lease of it was live (server clock)',
 		"token not larger than an earlier acknowledged grant's",
 		'token reissued')
 	{
-		unlike($out, qr/violations: \Q$v\E/, "modes, seed $seed: no \"$v\"");
+		unlike($out, qr/violations: \Q$v\E/, "modes, seed $s: no \"$v\"");
 	}
-	foreach my $count (qw(grants accepted_writes crash_restarts mode_switches forged forged_in_horizon))
-	{
-		cmp_ok($c->{$count} // 0, '>', 0, "modes, seed $seed: $count > 0");
-	}
-	like($out, qr/checked for exclusion by the server's clock: [1-9]/,
-		"modes, seed $seed: consecutive grants checked for exclusion");
+	$sum{$_} += $c->{$_} // 0 foreach @cover;
+	$sum{exclusion} += $1 if $out =~ /checked for exclusion by the server's clock: (\d+)/;
 	my ($across) = $out =~ /a restart into the other storage mode between, the first live at it: (\d+);/;
-	note 'grant pairs with a restart into the other mode between, the first lease live: ' . ($across // 'none');
+	$across_all += $across // 0;
 }
+note "$runs run(s); grant pairs with a restart into the other mode between, the first lease live: $across_all";
+cmp_ok($sum{$_}, '>', 0, "the runs together: $_ > 0") foreach @cover;
+cmp_ok($sum{exclusion} // 0, '>', 0, 'the runs together: consecutive grants checked for exclusion');
 
 # The server is up after the last restart, in one mode or the other.
 $node->_update_pid(1);
