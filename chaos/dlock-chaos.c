@@ -614,6 +614,24 @@ rollback(PGconn *conn)
 }
 
 /*
+ * A fenced write that failed with rc: record its outcome (failed when the
+ * connection was lost, refused for LF001, unexpected otherwise) and roll
+ * its transaction back if the connection is still there.  Returns rc.
+ */
+static int
+write_failed(PGconn *conn, ChaosOp *r, int rc, const char *state)
+{
+	if (rc == RC_LOST)
+		op_end(r, OUT_FAILED, state);
+	else
+	{
+		op_end(r, rc == RC_LF001 ? OUT_REFUSED : OUT_UNEXPECTED, state);
+		rollback(conn);
+	}
+	return rc;
+}
+
+/*
  * One read-modify-write transaction under the lease: read the key's
  * counter, write counter + 1 to it and append it to the history.  Returns
  * RC_OK (committed), RC_LF001 (refused: the lease is lost), RC_LOST, RC_OTHER.
@@ -760,14 +778,7 @@ do_write(PGconn *conn, Lease *l, bool bypass)
 
 failed:
 	PQclear(res);
-	if (rc == RC_LOST)
-		op_end(&r, OUT_FAILED, state);
-	else
-	{
-		op_end(&r, rc == RC_LF001 ? OUT_REFUSED : OUT_UNEXPECTED, state);
-		rollback(conn);
-	}
-	return rc;
+	return write_failed(conn, &r, rc, state);
 }
 
 /*
@@ -1177,14 +1188,7 @@ forge_one(PGconn *conn, bool in_memory, bool in_horizon, int gen,
 
 failed:
 	PQclear(res);
-	if (rc == RC_LOST)
-		op_end(&r, OUT_FAILED, state);
-	else
-	{
-		op_end(&r, rc == RC_LF001 ? OUT_REFUSED : OUT_UNEXPECTED, state);
-		rollback(conn);
-	}
-	return rc;
+	return write_failed(conn, &r, rc, state);
 }
 
 /*
