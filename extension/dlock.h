@@ -178,6 +178,7 @@ typedef enum DlockKeyLockHeld
 	DLOCK_HELD_OTHER			/* a writer's or an owner op's mode */
 } DlockKeyLockHeld;
 extern DlockKeyLockHeld dlock_key_lock_held(const char *key, int len);
+extern void dlock_syncrep_wait_lock(XLogRecPtr lsn, bool lock);
 
 /* storage.c */
 extern void dlock_storage_init(void);

@@ -102,6 +102,7 @@
 #define DLOCK_SPACE_WAITERS		0x444e	/* acquirers waiting for a lease */
 #define DLOCK_SPACE_BUSY_WAITERS	0x444f	/* ... for a key lock */
 #define DLOCK_SPACE_SESSIONS	0x4450	/* a connection's session mark */
+#define DLOCK_SPACE_SYNCREP		0x4451	/* a wait for synchronous standbys */
 
 /* A key this transaction has locked, to wake its waiters at the end. */
 typedef struct Touched
@@ -628,4 +629,25 @@ dlock_key_lock_held(const char *key, int len)
 		LockHeldByMe(&tag, RowExclusiveLock))
 		return DLOCK_HELD_OTHER;
 	return DLOCK_HELD_NONE;
+}
+
+/*
+ * Take (lock) or give back the lock that lets one backend at a time wait
+ * for the synchronous standbys to confirm WAL position lsn.  Commits never
+ * share an LSN, and SyncRepWaitForLSN's queue asserts that no two waiters
+ * do; dlock waits for the LSN of a sequence's page, which several backends
+ * may need at once: the others wait here (interruptibly) and then find it
+ * confirmed.
+ */
+void
+dlock_syncrep_wait_lock(XLogRecPtr lsn, bool lock)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (lsn >> 32),
+						 (uint32) lsn, DLOCK_SPACE_SYNCREP);
+	if (lock)
+		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	else
+		LockRelease(&tag, ExclusiveLock, false);
 }

@@ -63,6 +63,7 @@
 #include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/parallel.h"
 #include "access/relation.h"
 #include "access/skey.h"
 #include "access/table.h"
@@ -965,25 +966,49 @@ secure_sequence(Oid seqid, bool token)
 static void
 confirm_lsn(XLogRecPtr lsn, bool token)
 {
-	bool		interrupted;
+	bool		cut;
+	bool		again;
+	bool		waits;
 
 	XLogFlush(lsn);				/* returns at once when already flushed */
 	if (!SyncRepRequested())
 		return;
 
 	/*
-	 * SyncRepWaitForLSN expects interrupts held, as at commit: it watches
-	 * for cancel and termination itself, and then ends the wait early with
-	 * only a warning.  Anything that interrupted it is still pending
-	 * afterwards (we processed everything pending before), so that is how
-	 * we tell a confirmed value from an unconfirmed one.
+	 * Only one backend at a time may wait for a given LSN: the queue of
+	 * waiters must not hold two with the same one (it asserts that).
+	 * Without synchronous standbys nothing waits and no lock is needed.
 	 */
-	CHECK_FOR_INTERRUPTS();
-	HOLD_INTERRUPTS();
-	SyncRepWaitForLSN(lsn, false);
-	interrupted = InterruptPending || QueryCancelPending || ProcDiePending;
-	RESUME_INTERRUPTS();
-	if (interrupted)
+	waits = SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0';
+	if (waits)
+		dlock_syncrep_wait_lock(lsn, true);
+	do
+	{
+		/*
+		 * SyncRepWaitForLSN expects interrupts held, as at commit: it
+		 * watches for cancel and termination itself, and then ends the wait
+		 * early with only a warning, clearing the cancel but not
+		 * InterruptPending.  So a wait cut short leaves InterruptPending set
+		 * and none of the flags of the interrupts that wait for their turn
+		 * (a timeout for idle statistics, a barrier, ...).  When one of those
+		 * is pending too, we cannot tell: we process it and wait again,
+		 * which returns at once if the LSN was confirmed.
+		 */
+		CHECK_FOR_INTERRUPTS();
+		HOLD_INTERRUPTS();
+		SyncRepWaitForLSN(lsn, false);
+		again = InterruptPending && !ProcDiePending && !QueryCancelPending &&
+			!ClientConnectionLost &&
+			(ProcSignalBarrierPending || LogMemoryContextPending ||
+			 IdleInTransactionSessionTimeoutPending ||
+			 IdleSessionTimeoutPending || IdleStatsUpdateTimeoutPending ||
+			 CheckClientConnectionPending || ParallelMessagePending);
+		cut = InterruptPending && !again;
+		RESUME_INTERRUPTS();
+	} while (again);
+	if (waits)
+		dlock_syncrep_wait_lock(lsn, false);
+	if (cut)
 		ereport(ERROR,
 				(errcode(ERRCODE_QUERY_CANCELED),
 				 token ?
