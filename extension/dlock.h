@@ -226,8 +226,10 @@ extern bool dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff,
 extern void dlock_mem_xact_callback(XactEvent event);
 extern void dlock_mem_subxact_abort(SubTransactionId subid);
 extern bool dlock_mem_db_get(Oid seq, TimestampTz *barrier,
-							 TimestampTz *horizon, pg_uuid_t *unknown_owner);
-extern void dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon);
+							 TimestampTz *horizon, pg_uuid_t *unknown_owner,
+							 bool writer);
+extern void dlock_mem_db_set(Oid seq, TimestampTz *barrier,
+							 TimestampTz *horizon, pg_uuid_t *unknown);
 extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon,
 								 bool barrier_too);
 extern void dlock_mem_db_set_pending(Oid seq, TimestampTz pending);

@@ -108,6 +108,7 @@ typedef struct MemDatabase
 	TimestampTz room_checked;	/* the last make_room that freed nothing */
 	uint64		room_releases;	/* MemShared.releases then */
 	int32		nentries;		/* its entries in the hash */
+	TimestampTz last_used;		/* its last grant or renewal began (idle_slot) */
 	pg_uuid_t	unknown_owner;
 } MemDatabase;
 
@@ -1065,13 +1066,15 @@ find_slot(Oid seq)
  * This database's barrier (before it every key is held by *unknown_owner)
  * and horizon, if they are known for token sequence seq since memory was
  * set up; false if not (storage.c then reads them and calls
- * dlock_mem_db_set).
+ * dlock_mem_db_set).  writer: a grant or renewal asks, which marks the slot
+ * used (idle_slot).
  */
 bool
 dlock_mem_db_get(Oid seq, TimestampTz *barrier, TimestampTz *horizon,
-				 pg_uuid_t *unknown_owner)
+				 pg_uuid_t *unknown_owner, bool writer)
 {
 	bool		known = false;
+	TimestampTz now = writer ? GetCurrentTimestamp() : 0;
 	int			i;
 
 	SpinLockAcquire(&mem->mutex);
@@ -1084,6 +1087,8 @@ dlock_mem_db_get(Oid seq, TimestampTz *barrier, TimestampTz *horizon,
 			*barrier = d->barrier;
 			*horizon = d->horizon;
 			*unknown_owner = d->unknown_owner;
+			if (writer)
+				d->last_used = now;
 			known = true;
 			break;
 		}
@@ -1148,115 +1153,148 @@ fill_slot(MemDatabase *slot, Oid seq, TimestampTz barrier,
 	slot->horizon_lsn = InvalidXLogRecPtr;
 	slot->room_checked = 0;
 	slot->nentries = 0;
+	slot->last_used = 0;
 	slot->unknown_owner = *unknown;
 }
 
 /*
- * Record this database's barrier and horizon for token sequence seq, unless
- * another backend did first.  A slot for an older sequence (the extension
- * was dropped and created again) is taken over and its entries forgotten,
- * all under every partition lock: nobody can use the new slot and write
- * an entry before the old ones are gone.
+ * The slot of a database that may be taken over under the mutex, or NULL:
+ * its horizon and barrier have passed, no horizon of its is pending, and it
+ * has not been used for MEM_SLOT_IDLE (a slot just taken for a grant is not
+ * up for grabs before that grant moves its horizon).  No lease of such a
+ * database is live (none outlives the horizon), so its entries are all of
+ * ended leases.  One with no entry left is preferred.
  */
-void
-dlock_mem_db_set(Oid seq, TimestampTz barrier, TimestampTz horizon)
+#define MEM_SLOT_IDLE	USECS_PER_SEC
+
+static MemDatabase *
+idle_slot(TimestampTz now)
+{
+	MemDatabase *idle = NULL;
+	int			i;
+
+	for (i = 0; i < dlock_memory_max_databases; i++)
+	{
+		MemDatabase *d = &mem->dbs[i];
+
+		if (OidIsValid(d->db) && d->pending == 0 && d->horizon <= now &&
+			d->barrier <= now && now - d->last_used >= MEM_SLOT_IDLE &&
+			(idle == NULL || d->nentries < idle->nentries))
+		{
+			idle = d;
+			if (d->nentries == 0)
+				break;
+		}
+	}
+	return idle;
+}
+
+/* This database's slot, or a free one, or NULL; the caller holds the mutex. */
+static MemDatabase *
+own_or_free_slot(void)
 {
 	MemDatabase *slot = NULL;
-	bool		stale = false;
-	Oid			victim = InvalidOid;
 	int			i;
-	int			attempt;
-	pg_uuid_t	unknown;
 
-	dlock_random(unknown.data, UUID_LEN, "owner token");
-
-	for (attempt = 0; attempt < 2; attempt++)
+	for (i = 0; i < dlock_memory_max_databases; i++)
 	{
-		victim = InvalidOid;
-		slot = NULL;
+		MemDatabase *d = &mem->dbs[i];
+
+		if (d->db == MyDatabaseId)
+			return d;
+		if (slot == NULL && d->db == InvalidOid)
+			slot = d;
+	}
+	return slot;
+}
+
+/*
+ * Record this database's barrier and horizon for token sequence seq, unless
+ * another backend did first; either way return in *barrier, *horizon and
+ * *unknown what the slot holds.  A slot for an older sequence (the
+ * extension was dropped and created again) is taken over and its entries
+ * forgotten.  When no slot is free, an idle one (idle_slot) is taken over
+ * and the other database's entries, all of ended leases, forgotten.  Both
+ * happen under every partition lock, taken before the slot is looked at:
+ * nobody can write an entry in between, neither into the slot taken over
+ * nor for the database that lost it (which takes another slot and writes
+ * its entries once the old ones are gone).
+ */
+void
+dlock_mem_db_set(Oid seq, TimestampTz *barrier, TimestampTz *horizon,
+				 pg_uuid_t *unknown)
+{
+	MemDatabase *slot;
+	Oid			forget = InvalidOid;
+	bool		all_locked = false;
+	int			attempt;
+	int			i;
+	pg_uuid_t	fresh;
+
+	dlock_random(fresh.data, UUID_LEN, "owner token");
+
+	for (attempt = 0; attempt < 3; attempt++)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		bool		need_locks;
+
 		SpinLockAcquire(&mem->mutex);
-		for (i = 0; i < dlock_memory_max_databases; i++)
+		slot = own_or_free_slot();
+		need_locks = (slot == NULL && idle_slot(now) != NULL) ||
+			(slot != NULL && slot->db == MyDatabaseId && slot->seq != seq);
+		if (!need_locks || all_locked)
 		{
-			MemDatabase *d = &mem->dbs[i];
-
-			if (d->db == MyDatabaseId)
+			if (slot == NULL)
 			{
-				slot = d;
+				slot = idle_slot(now);
+				if (slot != NULL && slot->nentries > 0)
+					forget = slot->db;
+			}
+			else if (slot->db == MyDatabaseId && slot->seq != seq)
+				forget = MyDatabaseId;
+			if (slot != NULL && (slot->db != MyDatabaseId || slot->seq != seq))
+			{
+				slot->db = MyDatabaseId;
+				fill_slot(slot, seq, *barrier, *horizon, &fresh);
+			}
+			if (slot != NULL)
+			{
+				slot->last_used = now;
+				*barrier = slot->barrier;
+				*horizon = slot->horizon;
+				*unknown = slot->unknown_owner;
+			}
+			SpinLockRelease(&mem->mutex);
+			if (slot != NULL || all_locked)
 				break;
-			}
-			if (slot == NULL && d->db == InvalidOid)
-				slot = d;
 		}
-
-		/*
-		 * None free: take the slot of a database whose horizon and barrier
-		 * have passed, one with no entry left if there is one.  No lease of
-		 * such a database is live (none outlives the horizon), so its
-		 * entries are all of ended leases, which go, as make_room would
-		 * drop them; its horizon is durable in its own sequences, and what
-		 * it reads when it takes a slot again lets nobody wait.
-		 */
-		if (slot == NULL)
+		else
 		{
-			TimestampTz now = GetCurrentTimestamp();
-			MemDatabase *idle = NULL;
-
-			for (i = 0; i < dlock_memory_max_databases; i++)
-			{
-				MemDatabase *d = &mem->dbs[i];
-
-				if (d->pending == 0 && d->horizon <= now && d->barrier <= now &&
-					(idle == NULL || d->nentries < idle->nentries))
-				{
-					idle = d;
-					if (d->nentries == 0)
-						break;
-				}
-			}
-			if (idle != NULL)
-			{
-				slot = idle;
-				if (slot->nentries > 0)
-					victim = slot->db;
-				slot->db = InvalidOid;
-			}
+			SpinLockRelease(&mem->mutex);
+			for (i = 0; i < MEM_PARTITIONS; i++)
+				LWLockAcquire(mem->partitions[i], LW_EXCLUSIVE);
+			all_locked = true;
+			continue;
 		}
-		stale = (slot != NULL && slot->db == MyDatabaseId && slot->seq != seq);
-		if (slot != NULL && slot->db != MyDatabaseId)
-		{
-			slot->db = MyDatabaseId;
-			fill_slot(slot, seq, barrier, horizon, &unknown);
-		}
-		SpinLockRelease(&mem->mutex);
-		if (slot != NULL || !reclaim_dropped_databases())
+		if (!reclaim_dropped_databases())
 			break;
 	}
 
+	if (OidIsValid(forget))
+	{
+		Assert(all_locked);
+		forget_database(forget, true);
+	}
+	if (all_locked)
+		for (i = MEM_PARTITIONS - 1; i >= 0; i--)
+			LWLockRelease(mem->partitions[i]);
 	if (slot == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("too many databases use dlock in memory mode"),
 				 errdetail("At most %d databases can keep leases in memory at once.",
 						   dlock_memory_max_databases),
-				 errhint("Raise dlock.memory_max_databases (needs a restart).  A database gives its slot up once its horizon has passed.")));
-	if (OidIsValid(victim))
-		forget_database(victim, false);
-	if (stale)
-	{
-		for (i = 0; i < MEM_PARTITIONS; i++)
-			LWLockAcquire(mem->partitions[i], LW_EXCLUSIVE);
-		SpinLockAcquire(&mem->mutex);
-		stale = (slot->db == MyDatabaseId && slot->seq != seq);
-		if (stale)
-		{
-			fill_slot(slot, seq, barrier, horizon, &unknown);
-		}
-		SpinLockRelease(&mem->mutex);
-		if (stale)
-			forget_database(MyDatabaseId, true);
-		for (i = MEM_PARTITIONS - 1; i >= 0; i--)
-			LWLockRelease(mem->partitions[i]);
-	}
+				 errhint("Raise dlock.memory_max_databases (needs a restart).  A database gives its slot up once its horizon has passed and it has not been used for a second.")));
 }
 
 /*

@@ -672,7 +672,7 @@ memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("dlock.storage = memory needs version 0.4 of extension dlock"),
 				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
-	if (dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
+	if (dlock_mem_db_get(ids.seq, barrier, horizon, unknown, take_slot))
 		return;
 	in_recovery = RecoveryInProgress();
 	h = read_horizon();
@@ -688,12 +688,9 @@ memory_state(TimestampTz *barrier, TimestampTz *horizon, pg_uuid_t *unknown,
 		memset(unknown, 0, sizeof(pg_uuid_t));
 		return;
 	}
-	dlock_mem_db_set(ids.seq, b, h);
-	if (!dlock_mem_db_get(ids.seq, barrier, horizon, unknown))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("extension dlock was dropped or created again while this call ran"),
-				 errhint("Call again.")));
+	*barrier = b;
+	*horizon = h;
+	dlock_mem_db_set(ids.seq, barrier, horizon, unknown);
 	if (GetCurrentTimestamp() < *barrier)
 		ereport(LOG,
 				(errmsg("dlock: no key of database \"%s\" is granted before %s",
@@ -1059,8 +1056,22 @@ draw_token(void)
 	if (!OidIsValid(ids.token))
 	{
 		token = nextval_internal(ids.seq, false);
-		drawn_lsn = sequence_lsn(ids.seq);
-		return token;
+
+		/*
+		 * A session that found the storage before ALTER EXTENSION UPDATE to
+		 * 0.6 committed has no token_seq cached: look again, after the
+		 * draw.  If token_seq exists now, the token just drawn may also be
+		 * one that token_seq returns (it was moved past fence_seq as it
+		 * stood before our nextval): it is never shown, and we draw from
+		 * token_seq, past fence_seq as it stands now.
+		 */
+		ids.valid = false;
+		storage_ids();
+		if (!OidIsValid(ids.token))
+		{
+			drawn_lsn = sequence_lsn(ids.seq);
+			return token;
+		}
 	}
 	read_sequence_page(ids.token, &tok);
 	read_sequence_page(ids.seq, &copy);
@@ -1226,6 +1237,12 @@ secure_horizon(TimestampTz need)
 			 * dropped one): set it to what we know, never lower.  If the
 			 * confirmation below is cancelled, the next caller finishes it.
 			 */
+			/* a session from before the update to 0.6 looks for the mark */
+			if (!OidIsValid(ids.horizon_mark))
+			{
+				ids.valid = false;
+				storage_ids();
+			}
 			dlock_mem_db_set_pending(ids.seq, next);
 			section_begin(&s);
 			(void) DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(ids.horizon),

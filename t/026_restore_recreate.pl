@@ -20,6 +20,9 @@
 # 4. Upgrade: CREATE EXTENSION dlock VERSION '0.5', grants up to T, ALTER
 #    EXTENSION dlock UPDATE: version 0.6, dlock.token_seq exists, and new
 #    grants (a fresh key, a key granted under 0.5) get tokens greater than T.
+#    A session that used dlock before the update and a new one drawing
+#    while the new one waits to move dlock.fence_seq past a new block of
+#    dlock.token_seq never get the same token.
 # 5. Table mode: a superuser sets dlock.token_seq (and dlock.fence_seq)
 #    back to 1 after key 'x' got a token > 1: the next grant of 'x' fails
 #    with SQLSTATE 55000 (not XX000) and issues nothing; after setval of
@@ -270,6 +273,51 @@ my (undef, $t4n) = grant($tab, 't4', 'fresh', '5 s');
 cmp_ok($t4n // 0, '>', $T4, 'part 4: a fresh key\'s token after the update is greater than T');
 my (undef, $t4u) = grant($tab, 't4', 'u', '5 s');
 cmp_ok($t4u // 0, '>', $T4, 'part 4: a 0.5 key\'s token after the update is greater than T');
+
+# A session that used dlock before the update draws once more, while a new
+# session has drawn from dlock.token_seq a token that starts a new block
+# and waits to move dlock.fence_seq past it (held up by a COMMENT on the
+# sequence, which takes the same lock): the two tokens differ.
+$tab->safe_psql('postgres', 'CREATE DATABASE t4b');
+$tab->safe_psql('t4b', "CREATE EXTENSION dlock VERSION '0.5'");
+my $old_session = $tab->background_psql('t4b');
+my $t4old1 = $old_session->query_safe(
+	q{SELECT fence FROM dlock.try_acquire('old0', '1 min')});
+$tab->safe_psql('t4b', 'ALTER EXTENSION dlock UPDATE');
+# new sessions draw until dlock.token_seq has no value logged ahead left
+$tab->safe_psql('t4b', q{
+	DO $$
+	BEGIN
+		FOR i IN 1 .. 100 LOOP
+			PERFORM dlock.try_acquire('new' || i, '1 min');
+			EXIT WHEN (SELECT log_cnt = 0 FROM dlock.token_seq);
+		END LOOP;
+	END $$});
+my $holder = $tab->background_psql('t4b');
+$holder->query_safe(q{BEGIN; COMMENT ON SEQUENCE dlock.fence_seq IS 'held'});
+my $new_session = $tab->background_psql('t4b');
+$new_session->query_until(qr/started/, q{
+	\echo started
+	SELECT fence FROM dlock.try_acquire('newB', '1 min');
+	\echo done
+});
+ok( $tab->poll_query_until('t4b', q{
+		SELECT count(*) = 1 FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%newB%'}),
+	'part 4: a new session drew from dlock.token_seq and waits to move dlock.fence_seq');
+my $t4old2 = $old_session->query_safe(
+	q{SELECT fence FROM dlock.try_acquire('old1', '1 min')});
+$holder->query_safe('COMMIT');
+$new_session->{run}->pump_nb;
+my ($t4newB) = ('');
+PostgreSQL::Test::Utils::pump_until($new_session->{run}, $new_session->{timeout},
+	\$new_session->{stdout}, qr/done/);
+($t4newB) = $new_session->{stdout} =~ /^(\d+)$/m;
+isnt($t4old2, $t4newB // '',
+	'part 4: the session from before the update and the new one never get the same token');
+is($tab->safe_psql('t4b', q{SELECT count(*) = count(DISTINCT fence) FROM dlock.leases}),
+	't', 'part 4: no token in dlock.leases twice');
+$_->quit foreach ($old_session, $holder, $new_session);
 
 #
 # Part 5: the token counter set back by hand.
