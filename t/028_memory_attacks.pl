@@ -14,6 +14,9 @@
 #    have all ended (released, entries left in memory, horizons passed)
 #    give their slots up: a fourth and a fifth database are granted keys
 #    without anybody running dlock.prune().
+# 4. Slot churn: four databases over three slots, each granting a 150 ms
+#    lease in a loop for 4 s: only 53400 as an error, and no key granted
+#    while an acknowledged lease of it ran.
 #
 # And nothing fails with XX000.
 use strict;
@@ -132,6 +135,70 @@ foreach my $db (qw(c d))
 	($st, $out) = run_sql($db, q{SELECT count(*) FROM dlock.try_acquire('k', '1 min')});
 	is("$st/$out", '/1', "database $db takes the slot of one whose leases ended (no 53400)");
 }
+
+#
+# 4. Slot churn: four databases, three slots, short leases granted in a
+#    loop in each for a few seconds.  A grant either works or fails with
+#    53400 (no slot), never another error; and no key is granted while an
+#    acknowledged lease of it runs (a slot taken over must not forget a
+#    live lease).
+#
+my @churn = qw(c d e f);
+foreach my $db (qw(e f))
+{
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	$node->safe_psql($db, 'CREATE EXTENSION dlock');
+}
+my @loops;
+foreach my $db (@churn)
+{
+	$node->safe_psql($db, q{
+		CREATE TABLE grants (fence bigint, granted_at timestamptz, expires_at timestamptz);
+		CREATE TABLE errors (state text)});
+	my $bg = $node->background_psql($db);
+	$bg->query_until(qr/started/, q{
+		\echo started
+		DO $$
+		DECLARE
+			l record;
+			deadline timestamptz := clock_timestamp() + interval '4 s';
+		BEGIN
+			WHILE clock_timestamp() < deadline LOOP
+				BEGIN
+					SELECT * INTO l FROM dlock.try_acquire('churn', '150 ms');
+					IF l.fence IS NOT NULL THEN
+						INSERT INTO grants VALUES (l.fence, l.expires_at - interval '150 ms', l.expires_at);
+					END IF;
+				EXCEPTION WHEN OTHERS THEN
+					INSERT INTO errors VALUES (SQLSTATE);
+				END;
+				PERFORM pg_sleep(0.01);
+			END LOOP;
+		END $$;
+		\echo done
+	});
+	push @loops, $bg;
+}
+foreach my $bg (@loops)
+{
+	PostgreSQL::Test::Utils::pump_until($bg->{run}, $bg->{timeout}, \$bg->{stdout}, qr/done/);
+	$bg->quit;
+}
+my ($granted, $bad_errors, $overlaps) = (0, '', 0);
+foreach my $db (@churn)
+{
+	$granted += $node->safe_psql($db, 'SELECT count(*) FROM grants');
+	$bad_errors .= $node->safe_psql($db,
+		q{SELECT string_agg(DISTINCT state, ',') FROM errors WHERE state <> '53400'});
+	$overlaps += $node->safe_psql($db, q{
+		SELECT count(*) FROM (
+			SELECT granted_at, lag(expires_at) OVER (ORDER BY fence) AS prev_end
+			FROM grants) g
+		WHERE granted_at < prev_end});
+}
+cmp_ok($granted, '>', 20, "slot churn: grants in four databases over three slots ($granted)");
+is($bad_errors, '', 'slot churn: no error but 53400');
+is($overlaps, 0, 'slot churn: no key granted while an acknowledged lease of it ran');
 
 unlike(slurp_file($node->logfile), qr/XX000|TRAP|terminated by signal/,
 	'no internal error, assertion failure or crash in the server log');
