@@ -2245,6 +2245,29 @@ static long f_by_tok[4];
 static long f_by_via[4];
 static long f_mono = 0;
 
+
+/*
+ * The index of the first of grants[0 .. ngrants - 1] (sorted by key, then
+ * fence) whose (key, fence) is at least r's; ngrants if none.
+ */
+static int
+first_grant_at(ChaosOp **grants, int ngrants, const ChaosOp *r)
+{
+	int			lo = 0;
+	int			hi = ngrants - 1;
+
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+		const ChaosOp *g = grants[mid];
+
+		if (g->key < r->key || (g->key == r->key && g->fence < r->fence))
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
 /*
  * The forger's attempts.  A forged token is 0, -1 or never issued: any
  * acceptance (a row in a forged table, or check_fence saying true) is a
@@ -2314,20 +2337,9 @@ check_forged(PGconn *conn, ChaosOp **grants, int ngrants)
 		else
 		{
 			/* the last token before a crash: find its grant */
-			int			lo = 0,
-						hi = ngrants - 1,
+			int			lo = first_grant_at(grants, ngrants, r),
 						c;
 
-			while (lo <= hi)
-			{
-				int			mid = (lo + hi) / 2;
-				const ChaosOp *g = grants[mid];
-
-				if (g->key < r->key || (g->key == r->key && g->fence < r->fence))
-					lo = mid + 1;
-				else
-					hi = mid - 1;
-			}
 			if (lo < ngrants && grants[lo]->key == r->key && grants[lo]->fence == r->fence)
 				for (c = 0; c < ncrashes; c++)
 					if (crash_pre_memory[c] && crash_at[c][0] > grants[lo]->t_done &&
@@ -2569,8 +2581,7 @@ check(void)
 			ChaosOp    *r = &wlog[w][i];
 			bool		accepted;
 			bool		stale;
-			int			lo,
-						hi;
+			int			lo;
 
 			if (r->type != OP_WRITE)
 				continue;
@@ -2650,18 +2661,7 @@ check(void)
 				}
 			}
 			/* find this write's grant among the key's grants */
-			lo = 0;
-			hi = ngrants - 1;
-			while (lo <= hi)
-			{
-				int			mid = (lo + hi) / 2;
-				const ChaosOp *g = grants[mid];
-
-				if (g->key < r->key || (g->key == r->key && g->fence < r->fence))
-					lo = mid + 1;
-				else
-					hi = mid - 1;
-			}
+			lo = first_grant_at(grants, ngrants, r);
 			/* grants[lo] is the first with (key, fence) >= the write's */
 			{
 				int64		first_later = PG_INT64_MAX;
