@@ -143,7 +143,7 @@ my @sabotages = (
 		'write accepted after its lease expired (server clock)'
 	],
 	[
-		'async-commit', [ '--duration' => 4, @crash ],
+		'async-commit', [ '--duration' => 8, @crash ],
 		'acknowledged write lost'
 	],
 	[
