@@ -6,15 +6,25 @@
 MODULE_big = dlock
 OBJS = \
 	extension/args.o \
+	extension/common.o \
 	extension/dlock.o \
+	extension/durable.o \
+	extension/events.o \
 	extension/fence.o \
+	extension/horizon.o \
+	extension/keyhash.o \
 	extension/keylock.o \
 	extension/lease.o \
+	extension/leasetable.o \
+	extension/liveness.o \
 	extension/memstore.o \
-	extension/sha256.o \
+	extension/objects.o \
+	extension/settings.o \
 	extension/shmem.o \
+	extension/stats.o \
 	extension/storage.o \
-	extension/trigger.o
+	extension/trigger.o \
+	extension/wait.o
 
 EXTENSION = dlock
 DATA = extension/dlock--0.1.sql extension/dlock--0.2.sql \

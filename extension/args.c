@@ -1,13 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * args.c
- *		Checking the arguments of dlock's SQL functions.
+ *		Checking the calls of dlock's SQL functions: their arguments, and
+ *		that they may run here at all (not in parallel mode; not in a
+ *		read-only transaction when they change a lease).
  *
  * Every argument error is raised here, before any lock is taken or any row
  * read, so a bad call changes nothing.  Durations (ttl, wait, older_than)
  * are lengths of time, not calendar arithmetic: a day is 24 hours and a
  * month 30 days in every time zone, as interval comparison counts them, so
  * '1 day' means the same on the eve of a daylight saving change.
+ *
+ * Owns: nothing.  Calls settings only.
  *
  *-------------------------------------------------------------------------
  */
@@ -271,4 +275,29 @@ dlock_bool_arg(FunctionCallInfo fcinfo, int argno, const char *name, bool dflt)
 	if (PG_ARGISNULL(argno))
 		dlock_null_argument(fcinfo, name);
 	return PG_GETARG_BOOL(argno);
+}
+
+/*
+ * Refuse to change a lease in a read-only transaction (or on a standby).
+ * The lease API calls this first, so that it fails the same way whether or
+ * not the key happens to be held.
+ */
+void
+dlock_check_writable(void)
+{
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot change a dlock lease in a read-only transaction"),
+				 errhint("Leases are granted, renewed and released on the primary, in read-write transactions.")));
+}
+
+/* An interval of usecs microseconds, for the views. */
+Datum
+dlock_usecs_interval(int64 usecs)
+{
+	Interval   *iv = palloc0(sizeof(Interval));
+
+	iv->time = usecs;
+	return IntervalPGetDatum(iv);
 }

@@ -12,15 +12,26 @@
  * happens, or the write sees the grant and is refused.  Releases, and
  * renewals that move the expiry earlier, wait for the writers too.  So a
  * transaction verifies a key once; later writes under the same token only
- * compare the clock with the expiry it read (storage.c keeps that view).
- * The writer's isolation level does not matter, because the lease is never
- * read with the writer's own snapshot.
+ * compare the clock with the expiry it read (the per-transaction view of
+ * verified keys, kept here).  The writer's isolation level does not matter,
+ * because the lease is never read with the writer's own snapshot.
+ *
+ * The verified keys are forgotten when the transaction changes their lease
+ * (lease.c calls dlock_forget_verified), when a subtransaction aborts (its
+ * write locks are gone), and when the storage they were read from is
+ * invalidated (objects.c's generation).
+ *
+ * Owns: the transaction's verified keys.  Calls stats.c and events.c
+ * (counting and logging refusals), storage.c, durable.c (was a token ever
+ * issued?), liveness.c, keylock.c, args.c and common.c.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "miscadmin.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -29,9 +40,6 @@
 PG_FUNCTION_INFO_V1(dlock_use_fence);
 PG_FUNCTION_INFO_V1(dlock_fenced);
 PG_FUNCTION_INFO_V1(dlock_check_fence);
-
-/* SQLSTATE of every refused fenced write; documented in the README. */
-#define ERRCODE_DLOCK_FENCE_REFUSED		MAKE_SQLSTATE('L','F','0','0','1')
 
 typedef enum FenceVerdict
 {
@@ -48,6 +56,97 @@ typedef enum FenceVerdict
 	FENCE_UNKNOWN_HOLDER,		/* before the horizon: held by nobody known */
 	FENCE_BEFORE_SWITCH			/* monotonic, and the key's history is lost */
 } FenceVerdict;
+
+/* The per-transaction view of verified keys (see DlockKeyState). */
+static DlockXactHash key_states;
+
+/* key_states' table if this transaction has entries there, else NULL */
+#define KEY_STATES() \
+	(MyProc != NULL ? dlock_xact_hash(&key_states, NULL, 0, 0, 0, false) : NULL)
+
+/* dlock_objects_generation when key_states was last checked against it */
+static uint64 key_states_generation = 0;
+
+/*
+ * Forget every verified lease in htab (key_states' table): they are looked
+ * up again, under a new lock or in storage found again.
+ */
+static void
+forget_all_verified(HTAB *htab)
+{
+	HASH_SEQ_STATUS status;
+	DlockKeyState *st;
+
+	hash_seq_init(&status, htab);
+	while ((st = hash_seq_search(&status)) != NULL)
+		st->verified = false;
+	key_states_generation = dlock_objects_generation;
+}
+
+/*
+ * Return the state of key in the current transaction; create it (nothing
+ * known) when create is set, else return NULL when there is none.  The
+ * table is kept for the backend and emptied at the first use in each
+ * transaction (dlock_xact_hash).
+ */
+DlockKeyState *
+dlock_key_state(const char *key, bool create)
+{
+	HTAB	   *htab = dlock_xact_hash(&key_states, "dlock fenced keys",
+									   DLOCK_MAX_KEY_BYTES + 1,
+									   sizeof(DlockKeyState), HASH_STRINGS,
+									   create);
+	bool		found;
+	DlockKeyState *st;
+
+	if (htab == NULL)
+		return NULL;
+	if (key_states_generation != dlock_objects_generation)
+		forget_all_verified(htab);
+	st = hash_search(htab, key, create ? HASH_ENTER : HASH_FIND, &found);
+	if (create && !found)
+	{
+		st->presented = false;
+		st->verified = false;
+		st->column_cid = InvalidCommandId;
+	}
+	return st;
+}
+
+/* Forget what this transaction verified about key: it changed the lease. */
+void
+dlock_forget_verified(const char *key, int len)
+{
+	DlockKeyState *st;
+	char	   *k;
+
+	if (KEY_STATES() == NULL)
+		return;
+	k = pnstrdup(key, len);
+	st = dlock_key_state(k, false);
+	if (st)
+		st->verified = false;
+	pfree(k);
+}
+
+/*
+ * A subtransaction abort releases the write locks taken inside it: forget
+ * every verified lease (they are looked up again, under a new lock).
+ */
+static void
+fence_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB && KEY_STATES() != NULL)
+		forget_all_verified(key_states.htab);
+}
+
+/* Set up the forgetting at subtransaction aborts; called once from _PG_init. */
+void
+dlock_fence_init(void)
+{
+	RegisterSubXactCallback(fence_subxact_callback, NULL);
+}
 
 /* The state of key's held lease *lease now; count it if it has ended. */
 static DlockLeaseState

@@ -1,7 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * keylock.c
- *		Key locks, named by what the caller intends, and waiter wake-ups.
+ *		Key locks, named by what the caller intends, with their conflict
+ *		matrix; the session marks of session-bound leases; the lock that
+ *		lets one backend at a time wait for a WAL position.
  *
  * A key is serialized with heavyweight advisory locks whose tag is
  * (database, 64 bits of the key's SHA-256, lock space).  Applications' own
@@ -36,7 +38,7 @@
  *	  A request that waited would make every later conflicting request
  *	  (the holder's renew, its next writer) wait behind it, for a key that
  *	  is not even free.  So a competitor can never delay the holder: it
- *	  sleeps on its latch instead, registered as a waiter (below).
+ *	  sleeps on its latch instead, registered as a waiter (wait.c).
  * 2. Writers never conflict with owner ops: the holder can renew from
  *	  another connection while one of its transactions writes.
  * 3. Ending a lease (release, or a renew that moves the expiry earlier)
@@ -47,25 +49,6 @@
  *	  expiry it read.  Ending is taken only after the owner op lock has
  *	  shown the caller to be the owner: a stranger's release never queues
  *	  in front of the holder's writers.
- *
- * Wake-ups.  Whoever gives up a key lock wakes the acquirers waiting for
- * the key: at once after an early release of the lock, and after the
- * end of the transaction (a resource-release callback that runs once the
- * transaction's locks are gone, so the woken waiter sees the commit and
- * finds the lock free).  Waiters hold ShareLock on the key's tag in the
- * waiter space, which nobody ever takes in a conflicting mode; a waker
- * asks the lock manager who holds it.  There are two waiter spaces: one
- * for acquirers waiting for a live lease to end (woken only by the end of
- * a transaction that took a lease-changing lock: grant, owner op, ending),
- * one for acquirers waiting for a busy key lock (woken whenever any key
- * lock is given up, a writer's too).  A waiter registers before it looks,
- * so no wake-up can slip between its look and its sleep.  Spurious
- * wake-ups are harmless: a waiter looks again and sleeps again.  (When the
- * module is preloaded only the head of a key's FIFO queue registers; see
- * shmem.c.  Registrations are then also counted in shared memory, per
- * bucket of keys, before the waiter looks: a waker that finds no count
- * after its change skips the lock manager, and a waiter counted too late
- * for it looks after the change.)
  *
  * Session marks.  A session-bound lease names its connection by a random
  * 64-bit mark, held by that connection as a session-level ExclusiveLock
@@ -78,6 +61,13 @@
  * in our spaces (pg_advisory_lock() uses spaces 1 and 2), so a mark cannot
  * be kept alive by anyone but its connection.  A connection that exits
  * wakes the waiters of the keys it took session-bound.
+ *
+ * Waking waiters is wait.c's: every lock taken here is remembered there
+ * (dlock_wait_remember), so that the end of the transaction wakes the
+ * key's waiters, and every lock given back early wakes them at once.
+ *
+ * Owns: the lock spaces' use (DLOCK_SPACE_* in dlock.h), the connection's
+ * session mark.  Calls wait.c, keyhash.c, common.c.
  *
  *-------------------------------------------------------------------------
  */
@@ -96,176 +86,6 @@
 
 #include "dlock.h"
 
-/* Lock spaces (locktag_field4); 1 and 2 belong to pg_advisory_lock(). */
-#define DLOCK_SPACE_KEY			0x444c	/* the key lock */
-#define DLOCK_SPACE_OWNER_OPS	0x444d	/* renew/release among themselves */
-#define DLOCK_SPACE_WAITERS		0x444e	/* acquirers waiting for a lease */
-#define DLOCK_SPACE_BUSY_WAITERS	0x444f	/* ... for a key lock */
-#define DLOCK_SPACE_SESSIONS	0x4450	/* a connection's session mark */
-#define DLOCK_SPACE_SYNCREP		0x4451	/* a wait for synchronous standbys */
-
-/* A key this transaction has locked, to wake its waiters at the end. */
-typedef struct Touched
-{
-	uint64		hash;			/* hash key */
-	bool		lease_change;	/* locked in a mode that changes leases */
-} Touched;
-
-static DlockXactHash touched;
-
-/*
- * This backend's registrations as a waiter, per waiter space (index: busy),
- * as counted in shared memory (dlock_waiters_add).  An error while
- * registered gives up the registration's lock with the (sub)transaction;
- * its count goes at the end of the transaction, or at the next
- * registration.
- */
-static struct
-{
-	uint64		hash;
-	bool		counted;
-}			counted_wait[2];
-
-static void uncount_waits(int busy);
-
-/*
- * The 64-bit hash that names key in every lock space: the first 8 bytes of
- * its SHA-256 (key_hash below caches it).  A fast hash would do for
- * spreading keys, but not against a role that computes a key whose lock
- * collides with a holder's (the key lock is shared then: its transactions
- * could hold the holder up).  For SHA-256 that is a second preimage of 64
- * bits: about 2^64 tries.
- */
-static uint64
-sha256_key_hash(const char *key, int len)
-{
-	uint8		digest[DLOCK_SHA256_LEN];
-	uint64		h;
-
-	dlock_sha256(key, len, digest);
-	memcpy(&h, digest, sizeof(h));
-	return h;
-}
-
-/*
- * The hash of the last key hashed, kept for the backend: one call on a key
- * hashes it several times (its lock, its waiters, the wake-ups at the end
- * of the transaction), and a SHA-256 costs more than a key
- * lookup.  A pure function of the key, so the cache is never stale.
- */
-static char last_key[DLOCK_MAX_KEY_BYTES];
-static int	last_len = -1;
-static uint64 last_hash;
-
-/* The 64-bit hash of key (sha256_key_hash), from the cache when it can. */
-static uint64
-key_hash(const char *key, int len)
-{
-	if (len == last_len && memcmp(key, last_key, len) == 0)
-		return last_hash;
-	last_hash = sha256_key_hash(key, len);
-	if (len <= DLOCK_MAX_KEY_BYTES)
-	{
-		memcpy(last_key, key, len);
-		last_len = len;
-	}
-	else
-		last_len = -1;
-	return last_hash;
-}
-
-/* Fill *tag with the lock tag of hash h in lock space space. */
-static void
-hash_locktag(LOCKTAG *tag, uint64 h, uint16 space)
-{
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32),
-						 (uint32) h, space);
-}
-
-/* Set the latch of every backend registered in space for hash h. */
-static void
-wake_space(uint64 h, uint16 space)
-{
-	LOCKTAG		tag;
-	VirtualTransactionId *vxids;
-	int			nwaiters;
-
-	hash_locktag(&tag, h, space);
-	vxids = GetLockConflicts(&tag, ExclusiveLock, &nwaiters);
-	for (; VirtualTransactionIdIsValid(*vxids); vxids++)
-	{
-		PGPROC	   *proc = BackendIdGetProc(vxids->backendId);
-
-		/* A proc that has exited since merely gets a spurious wake-up. */
-		if (proc != NULL)
-			SetLatch(&proc->procLatch);
-	}
-}
-
-/*
- * Wake the waiters of the key of hash h that wait for its lock to be
- * free, and with lease_change also those waiting for its lease to end.
- * (Writers commit often; the acquirers waiting for a live lease to end
- * need not wake every time one of the holder's writers commits.)
- */
-static void
-wake_hash(uint64 h, bool lease_change)
-{
-	/* nobody registered: the common case, told without the lock manager */
-	if (!dlock_waiters_maybe(h))
-		return;
-	wake_space(h, DLOCK_SPACE_BUSY_WAITERS);
-	if (lease_change)
-		wake_space(h, DLOCK_SPACE_WAITERS);
-}
-
-/*
- * Remember that this transaction locked the key of hash h, so that its end
- * wakes the key's waiters.
- */
-static void
-remember(uint64 h, bool lease_change)
-{
-	HTAB	   *htab = dlock_xact_hash(&touched, "dlock locked keys",
-										   sizeof(uint64), sizeof(Touched),
-										   HASH_BLOBS, true);
-	Touched    *t;
-	bool		found;
-
-	t = hash_search(htab, &h, HASH_ENTER, &found);
-	if (!found)
-		t->lease_change = false;
-	t->lease_change |= lease_change;
-}
-
-/*
- * Once a transaction's locks are released (top level), or a subtransaction
- * abort has released those taken inside it, wake the waiters of every key
- * the transaction locked.
- */
-static void
-keylock_release_callback(ResourceReleasePhase phase, bool isCommit,
-						 bool isTopLevel, void *arg)
-{
-	HASH_SEQ_STATUS status;
-	Touched    *t;
-
-	/*
-	 * (No check of MyProc->lxid here: the top-level transaction has already
-	 * cleared it.  touched.lxid is cleared at the end of every transaction,
-	 * so a valid one is this transaction's.)
-	 */
-	if (phase != RESOURCE_RELEASE_AFTER_LOCKS || (!isTopLevel && isCommit))
-		return;
-	if (touched.htab == NULL || touched.lxid == InvalidLocalTransactionId)
-		return;
-	hash_seq_init(&status, touched.htab);
-	while ((t = hash_seq_search(&status)) != NULL)
-		wake_hash(t->hash, t->lease_change);
-	if (isTopLevel)
-		touched.lxid = InvalidLocalTransactionId;	/* emptied at next use */
-}
-
 static void session_mark_check(void);
 
 /*
@@ -279,12 +99,10 @@ keylock_xact_callback(XactEvent event, void *arg)
 {
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PREPARE)
-		uncount_waits(-1);
+		dlock_wait_xact_end();
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT)
 		session_mark_check();
-	if (event == XACT_EVENT_PRE_PREPARE &&
-		dlock_xact_hash(&touched, NULL, 0, 0, 0, false) != NULL &&
-		hash_get_num_entries(touched.htab) > 0)
+	if (event == XACT_EVENT_PRE_PREPARE && dlock_wait_keys_locked())
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("cannot PREPARE a transaction that has used dlock"),
@@ -292,11 +110,10 @@ keylock_xact_callback(XactEvent event, void *arg)
 				 errhint("Grant, renew, release and write under leases in transactions that commit directly.")));
 }
 
-/* Set up wake-ups; called once from _PG_init. */
+/* Set up the end-of-transaction checks; called once from _PG_init. */
 void
 dlock_keylock_init(void)
 {
-	RegisterResourceReleaseCallback(keylock_release_callback, NULL);
 	RegisterXactCallback(keylock_xact_callback, NULL);
 }
 
@@ -305,13 +122,13 @@ static bool
 take(const char *key, int len, uint16 space, LOCKMODE mode, bool nowait)
 {
 	LOCKTAG		tag;
-	uint64		h = key_hash(key, len);
+	uint64		h = dlock_key_hash(key, len);
 
-	hash_locktag(&tag, h, space);
+	dlock_hash_locktag(&tag, h, space);
 	if (LockAcquire(&tag, mode, false, nowait) == LOCKACQUIRE_NOT_AVAIL)
 		return false;
 	/* only writers' ShareLock never comes with a change of the lease */
-	remember(h, mode != ShareLock);
+	dlock_wait_remember(h, mode != ShareLock);
 	return true;
 }
 
@@ -321,7 +138,7 @@ give_back(const char *key, int len, uint16 space, LOCKMODE mode)
 {
 	LOCKTAG		tag;
 
-	hash_locktag(&tag, key_hash(key, len), space);
+	dlock_hash_locktag(&tag, dlock_key_hash(key, len), space);
 	LockRelease(&tag, mode, false);
 }
 
@@ -341,7 +158,7 @@ void
 dlock_unlock_grant(const char *key, int len)
 {
 	give_back(key, len, DLOCK_SPACE_KEY, ExclusiveLock);
-	wake_hash(key_hash(key, len), false);
+	dlock_wake_key(dlock_key_hash(key, len), false);
 }
 
 /*
@@ -360,7 +177,7 @@ void
 dlock_unlock_write(const char *key, int len)
 {
 	give_back(key, len, DLOCK_SPACE_KEY, ShareLock);
-	wake_hash(key_hash(key, len), false);
+	dlock_wake_key(dlock_key_hash(key, len), false);
 }
 
 /*
@@ -399,68 +216,7 @@ dlock_unlock_owner_op(const char *key, int len, bool ending)
 		give_back(key, len, DLOCK_SPACE_KEY, RowExclusiveLock);
 	give_back(key, len, DLOCK_SPACE_OWNER_OPS, ExclusiveLock);
 	give_back(key, len, DLOCK_SPACE_KEY, RowShareLock);
-	wake_hash(key_hash(key, len), false);
-}
-
-/*
- * Announce that this backend sleeps until key's lease changes (busy:
- * until key's lock is given up).  Never blocks: nobody takes a conflicting
- * mode in the waiter spaces.
- */
-void
-dlock_wait_register(const char *key, int len, bool busy)
-{
-	LOCKTAG		tag;
-	uint64		h = key_hash(key, len);
-
-	/* a registration left behind by a subtransaction's abort: drop it */
-	if (counted_wait[busy].counted)
-		dlock_waiters_add(counted_wait[busy].hash, -1);
-	/* counted first: a waker that misses the count sees our look's change */
-	dlock_waiters_add(h, 1);
-	counted_wait[busy].hash = h;
-	counted_wait[busy].counted = true;
-	hash_locktag(&tag, h, busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
-	(void) LockAcquire(&tag, ShareLock, false, false);
-}
-
-/* Withdraw the announcement made by dlock_wait_register. */
-void
-dlock_wait_unregister(const char *key, int len, bool busy)
-{
-	LOCKTAG		tag;
-
-	hash_locktag(&tag, key_hash(key, len),
-				 busy ? DLOCK_SPACE_BUSY_WAITERS : DLOCK_SPACE_WAITERS);
-	LockRelease(&tag, ShareLock, false);
-	uncount_waits(busy ? 1 : 0);
-}
-
-/*
- * Drop the count of our registration in waiter space busy (0 or 1); with
- * -1, of both.  The registration's lock is gone already (or goes with the
- * transaction).
- */
-static void
-uncount_waits(int busy)
-{
-	int			i;
-
-	for (i = 0; i < 2; i++)
-	{
-		if ((busy == -1 || busy == i) && counted_wait[i].counted)
-		{
-			counted_wait[i].counted = false;
-			dlock_waiters_add(counted_wait[i].hash, -1);
-		}
-	}
-}
-
-/* The 64-bit hash of key that names it in shared memory too. */
-uint64
-dlock_key_hash(const char *key, int len)
-{
-	return key_hash(key, len);
+	dlock_wake_key(dlock_key_hash(key, len), false);
 }
 
 /* This connection's session mark (0: none taken yet). */
@@ -492,7 +248,7 @@ session_mark_lost(void)
 		return;
 	hash_seq_init(&status, bound_keys);
 	while ((h = hash_seq_search(&status)) != NULL)
-		wake_hash(*h, true);
+		dlock_wake_key(*h, true);
 	hash_destroy(bound_keys);
 	bound_keys = NULL;
 }
@@ -541,7 +297,7 @@ int64
 dlock_session_mark(const char *key, int len)
 {
 	LOCKTAG		tag;
-	uint64		h = key_hash(key, len);
+	uint64		h = dlock_key_hash(key, len);
 	bool		found;
 
 	session_mark_check();
@@ -621,7 +377,7 @@ dlock_key_lock_held(const char *key, int len)
 {
 	LOCKTAG		tag;
 
-	hash_locktag(&tag, key_hash(key, len), DLOCK_SPACE_KEY);
+	dlock_hash_locktag(&tag, dlock_key_hash(key, len), DLOCK_SPACE_KEY);
 	if (LockHeldByMe(&tag, ExclusiveLock))
 		return DLOCK_HELD_GRANT;
 	if (LockHeldByMe(&tag, ShareLock) ||

@@ -1,11 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * lease.c
- *		The lease API: try_acquire, acquire, renew, release, prune.
+ *		The lease API: try_acquire, acquire, renew, release, prune, forget,
+ *		and the view dlock.lease_status.
  *
  * Thin callers: arguments are checked by args.c, keys locked for what we
- * intend by keylock.c (whose header comment has the conflict matrix), and
- * lease rows read and written by storage.c.
+ * intend by keylock.c (whose header comment has the conflict matrix),
+ * leases read and written through storage.c, waits slept in wait.c, and
+ * what happened counted and logged by stats.c.
  *
  * A grant looks first without any lock and refuses at once when the lease
  * is live; only a key that looks free is locked, conditionally, and looked
@@ -15,6 +17,11 @@
  * when the lease is live, acquire sleeps until its expiry, or until a
  * release or renewal wakes it.  No competitor ever waits in the lock
  * manager's queue.
+ *
+ * Owns: the rules of granting (when a key may be granted, lock_delay,
+ * max_hold, the owner check).  Calls fence.c (a changed lease is no longer
+ * verified), wait.c, stats.c, storage.c, liveness.c, keylock.c, args.c
+ * and settings.
  *
  *-------------------------------------------------------------------------
  */
@@ -38,6 +45,7 @@ PG_FUNCTION_INFO_V1(dlock_renew);
 PG_FUNCTION_INFO_V1(dlock_release);
 PG_FUNCTION_INFO_V1(dlock_prune);
 PG_FUNCTION_INFO_V1(dlock_forget);
+PG_FUNCTION_INFO_V1(dlock_lease_status);
 
 typedef enum GrantResult
 {
@@ -46,57 +54,6 @@ typedef enum GrantResult
 	GRANT_BUSY,					/* the key lock is busy; no live lease seen */
 	GRANT_QUEUED				/* other acquirers are ahead in the queue */
 } GrantResult;
-
-/*
- * The state of *lease at now.  A session-bound lease is live only while
- * the connection that took it is up (keylock.c).
- */
-DlockLeaseState
-dlock_lease_state(const DlockLease *lease, TimestampTz now)
-{
-	if (!lease->found)
-		return DLOCK_NO_ROW;
-	if (!lease->held)
-		return DLOCK_RELEASED;
-	/* the connection first: no lock delay after it ended (blocked_until) */
-	if (lease->session_id != 0 && !dlock_session_alive(lease->session_id))
-		return DLOCK_DISCONNECTED;
-	if (lease->expires_at <= now)
-		return DLOCK_EXPIRED;
-	return DLOCK_LIVE;
-}
-
-/*
- * When did *lease (of a key of database db) end, for prune() and for
- * memory mode's eviction?  DT_NOEND while it is live or a lock delay after
- * it still keeps the key.  A released or expired lease ended at its expiry;
- * a session-bound lease whose connection is gone ended when the connection
- * did, which nobody recorded: it counts as ended at its grant.
- */
-TimestampTz
-dlock_lease_ended_at(const DlockLease *lease, Oid db)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	if (!lease->found || lease->unknown)
-		return DT_NOEND;
-	if (!lease->held)
-		return lease->expires_at;
-	if (lease->session_id != 0 && !dlock_session_alive_in(db, lease->session_id))
-		return Min(lease->granted_at, lease->expires_at);
-	if (lease->expires_at > now)
-		return DT_NOEND;
-	if (lease->lock_delay > 0 && now < lease->expires_at + lease->lock_delay)
-		return DT_NOEND;
-	return lease->expires_at;
-}
-
-/* Is *lease held by someone and live at now? */
-bool
-dlock_lease_is_live(const DlockLease *lease, TimestampTz now)
-{
-	return dlock_lease_state(lease, now) == DLOCK_LIVE;
-}
 
 /*
  * Look at key's lease *lease at now: return its state, and count (once)
@@ -196,51 +153,9 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 				 errdetail("The key's last token is " INT64_FORMAT "; the counter gave " INT64_FORMAT ".",
 						   prev.fence, lease->fence),
 				 errhint("Something set dlock.token_seq back.  As its owner, move it past every token issued, e.g. SELECT setval('dlock.token_seq', max(fence)) FROM dlock.leases, then grant again.")));
+	dlock_forget_verified(k, len);
 	dlock_count_grant(k, len, &prev, lease, opts);
 	return GRANT_OK;
-}
-
-/*
- * A waiter's timers are server-clock times (a lease's expiry, the end of a
- * lock delay, the wait's deadline, lock_timeout), but its sleeps are
- * measured on the monotonic clock: after a forward step of the server's
- * clock, a sleep computed before it would last long past the time it was
- * meant to end.  So a waiter sleeps at most DLOCK_WAIT_RECHECK_MS at a
- * time and compares the clock with its timer in between; a backward step
- * needs nothing, since leases then last longer on that same clock.
- */
-#define DLOCK_WAIT_RECHECK_MS	1000
-
-/*
- * Sleep on our latch until it is set or the server clock reaches wake_at
- * (DT_NOEND: no timer).
- */
-static void
-sleep_until(TimestampTz wake_at)
-{
-	for (;;)
-	{
-		int			events = WL_LATCH_SET | WL_EXIT_ON_PM_DEATH;
-		long		timeout_ms = -1;
-		TimestampTz now = GetCurrentTimestamp();
-		int			rc;
-
-		if (wake_at != DT_NOEND)
-		{
-			/* round up, so that a lease is seen expired when we wake */
-			timeout_ms = (long) Min((wake_at - now + 999) / 1000,
-									DLOCK_WAIT_RECHECK_MS);
-			if (timeout_ms < 1)
-				timeout_ms = 1;
-			events |= WL_TIMEOUT;
-		}
-		rc = WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		if ((rc & WL_LATCH_SET) || wake_at == DT_NOEND ||
-			GetCurrentTimestamp() >= wake_at)
-			return;
-		CHECK_FOR_INTERRUPTS();
-	}
 }
 
 /*
@@ -253,7 +168,7 @@ sleep_until(TimestampTz wake_at)
  *
  * Only the head of the queue looks at the key and registers for its
  * wake-ups; the others sleep until the waiter ahead of them leaves the
- * queue (shmem.c), so a release wakes one waiter, not all.
+ * queue (wait.c), so a release wakes one waiter, not all.
  */
 static GrantResult
 grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
@@ -369,7 +284,7 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 			if (bounded && deadline < wake_at)
 				wake_at = deadline;
 			slept = true;
-			sleep_until(wake_at);
+			dlock_sleep_until(wake_at);
 		}
 	}
 	PG_CATCH();
@@ -631,6 +546,7 @@ dlock_renew(PG_FUNCTION_ARGS)
 		PG_RETURN_NULL();
 	}
 	dlock_storage_set_end(key, end, false);
+	dlock_forget_verified(k, len);
 	dlock_count(k, len, DLOCK_EV_RENEWED);
 	PG_RETURN_TIMESTAMPTZ(end);
 }
@@ -669,6 +585,7 @@ dlock_release(PG_FUNCTION_ARGS)
 		PG_RETURN_BOOL(false);
 	}
 	dlock_storage_set_end(key, now, true);
+	dlock_forget_verified(k, len);
 	dlock_count_release(k, len, &lease, now);
 	PG_RETURN_BOOL(true);
 }
@@ -708,7 +625,10 @@ dlock_prune(PG_FUNCTION_ARGS)
 		if (!dlock_lock_for_grant(k, len))
 			continue;
 		if (dlock_storage_delete_old(key, cutoff, false))
+		{
+			dlock_forget_verified(k, len);
 			deleted++;
+		}
 		dlock_unlock_grant(k, len);
 	}
 	PG_RETURN_INT64(deleted);
@@ -743,6 +663,77 @@ dlock_forget(PG_FUNCTION_ARGS)
 				 errdetail("A grant, a renewal, a release or a fenced write of the key is in progress."),
 				 errhint("Try again.")));
 	deleted = dlock_storage_delete_old(key, DT_NOEND, true);
+	if (deleted)
+		dlock_forget_verified(k, len);
 	dlock_unlock_grant(k, len);
 	PG_RETURN_BOOL(deleted);
+}
+
+/*
+ * dlock.lease_status(): the rows of the view dlock.lease_status.  Owners
+ * never appear; session-bound leases whose connection has ended show as
+ * expired.
+ */
+Datum
+dlock_lease_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TimestampTz now = GetCurrentTimestamp();
+	List	   *rows;
+	ListCell   *lc;
+
+	dlock_no_parallel(fcinfo);
+	InitMaterializedSRF(fcinfo, 0);
+	rows = dlock_storage_scan();
+	foreach(lc, rows)
+	{
+		DlockLeaseRow *row = lfirst(lc);
+		DlockLeaseState state = dlock_lease_state(&row->lease, now);
+		Datum		values[10];
+		bool		nulls[10] = {0};
+
+		if (row->lease.unknown)
+		{
+			/*
+			 * Before the horizon the key is held by an owner nobody knows:
+			 * show what a grant would meet, with nothing of a lease that is
+			 * not the one in force.
+			 */
+			memset(nulls, true, sizeof(nulls));
+			values[0] = PointerGetDatum(row->key);
+			nulls[0] = false;
+			values[4] = TimestampTzGetDatum(row->lease.expires_at);
+			nulls[4] = false;
+			values[5] = dlock_usecs_interval(row->lease.expires_at - now);
+			nulls[5] = false;
+			values[6] = CStringGetTextDatum("held");
+			nulls[6] = false;
+			values[9] = BoolGetDatum(false);
+			nulls[9] = false;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			continue;
+		}
+		values[0] = PointerGetDatum(row->key);
+		values[1] = PointerGetDatum(row->holder);
+		nulls[1] = (row->holder == NULL);
+		values[2] = Int64GetDatum(row->lease.fence);
+		values[3] = TimestampTzGetDatum(row->lease.granted_at);
+		values[4] = TimestampTzGetDatum(row->lease.expires_at);
+		values[5] = dlock_usecs_interval(row->lease.expires_at - now);
+		nulls[5] = (state != DLOCK_LIVE);
+		values[6] = CStringGetTextDatum(state == DLOCK_LIVE ? "held" :
+										state == DLOCK_RELEASED ? "released" :
+										"expired");
+		values[7] = Int32GetDatum(row->pid);
+		nulls[7] = !row->has_pid;
+		values[8] = PointerGetDatum(row->application_name);
+		nulls[8] = (row->application_name == NULL);
+		values[9] = BoolGetDatum(row->lease.session_id != 0);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		if (row->lease.held && state != DLOCK_LIVE)
+			dlock_notice_end_in_view(VARDATA_ANY(row->key),
+									 VARSIZE_ANY_EXHDR(row->key),
+									 &row->lease, state, now);
+	}
+	return (Datum) 0;
 }

@@ -8,9 +8,9 @@
  * committed lease, as a row of dlock.leases would.  A grant, renewal or
  * release writes no WAL and no heap row, so its transaction commits
  * without a flush; that is the whole point of the mode (issue 10).  What
- * stays durable is what must: the fencing token (storage.c flushes the
+ * stays durable is what must: the fencing token (durable.c flushes the
  * sequence before a token is shown) and the horizon, a time that no lease
- * granted here outlives (storage.c keeps it in dlock.horizon_seq).  After a
+ * granted here outlives (horizon.c keeps it in dlock.horizon_seq).  After a
  * restart, a crash or a promotion the entries are gone, and until the
  * horizon has passed every key of the database reads as held by an unknown
  * owner: whoever held a lease before is out of time before anyone else is
@@ -36,6 +36,19 @@
  *
  * Locking.  The hash is partitioned by key, each partition under its own
  * LWLock; the per-database slots (barrier, horizon) are under a spinlock.
+ *
+ * Per-database slots.  Each database that uses memory mode has a slot with
+ * its barrier, horizon and unknown owner (horizon.c reads and moves them
+ * through dlock_mem_db_*), its count of entries (the per-database cap and
+ * the eviction of other databases' ended entries) and what the last
+ * make_room found.  They are kept here, not in horizon.c, because they are
+ * the hash's own accounting: an entry's database, its eviction, the
+ * reclaim of a dropped database's entries and slot all change them under
+ * the same locks.
+ *
+ * Owns: the shared struct "dlock memory", the hash "dlock memory leases"
+ * and their locks; the transaction's overlay.  Calls liveness.c (has an
+ * entry's lease ended?), common.c and settings.
  *
  *-------------------------------------------------------------------------
  */
@@ -139,16 +152,9 @@ typedef struct MemLatest
 	MemChange  *change;			/* NULL when all were undone */
 } MemLatest;
 
-int			dlock_storage_mode = DLOCK_STORAGE_TABLE;
-int			dlock_memory_max_keys = 10000;
-int			dlock_memory_max_keys_per_db = 0;
-int			dlock_memory_max_databases = 64;
-
 static MemShared *mem = NULL;
 static HTAB *mem_htab = NULL;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 static object_access_hook_type prev_object_access_hook = NULL;
 
 #define MEM_SHARED_SIZE \
@@ -197,27 +203,26 @@ mem_size(void)
 					hash_estimate_size(dlock_memory_max_keys, sizeof(MemEntry)));
 }
 
-/* Ask for the memory and the partition locks (shmem_request_hook). */
-static void
-mem_shmem_request(void)
+/*
+ * Ask for the memory and the partition locks (shmem.c's request hook, when
+ * preloading).
+ */
+void
+dlock_memstore_shmem_request(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	if (dlock_storage_mode != DLOCK_STORAGE_MEMORY)
 		return;
 	RequestAddinShmemSpace(mem_size());
 	RequestNamedLWLockTranche("dlock memory", MEM_PARTITIONS);
 }
 
-/* Set up the hash, empty after every start (shmem_startup_hook). */
-static void
-mem_shmem_startup(void)
+/* Set up the hash, empty after every start (shmem.c's startup hook). */
+void
+dlock_memstore_shmem_startup(void)
 {
 	bool		found;
 	HASHCTL		info;
 
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 	if (dlock_storage_mode != DLOCK_STORAGE_MEMORY)
 		return;
 
@@ -285,16 +290,12 @@ forget_dropped(Oid db)
 	SpinLockRelease(&mem->mutex);
 }
 
-/* Install the hooks; called from _PG_init while preloading. */
+/* Install the DROP DATABASE hook; called from _PG_init while preloading. */
 void
 dlock_memstore_init(void)
 {
 	prev_object_access_hook = object_access_hook;
 	object_access_hook = mem_object_access;
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = mem_shmem_request;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = mem_shmem_startup;
 }
 
 /* Fill *tag for key in this database. */
@@ -1065,7 +1066,7 @@ find_slot(Oid seq)
 /*
  * This database's barrier (before it every key is held by *unknown_owner)
  * and horizon, if they are known for token sequence seq since memory was
- * set up; false if not (storage.c then reads them and calls
+ * set up; false if not (horizon.c then reads them and calls
  * dlock_mem_db_set).  writer: a grant or renewal asks, which marks the slot
  * used (idle_slot).
  */

@@ -458,7 +458,7 @@ guard_key(GuardPlan *plan, const char *key, bool column_has,
 							  written_back, relname);
 	if (plan->monotonic && has_old_stamp && old_stamp > token)
 		ereport(ERROR,
-				(errcode(MAKE_SQLSTATE('L', 'F', '0', '0', '1')),
+				(errcode(ERRCODE_DLOCK_FENCE_REFUSED),
 				 errmsg("stale fencing token for key \"%s\"", key),
 				 errdetail("The row in table \"%s\" was written under token " INT64_FORMAT "; this write presented " INT64_FORMAT ".",
 						   relname, old_stamp, token),

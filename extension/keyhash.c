@@ -1,22 +1,37 @@
 /*-------------------------------------------------------------------------
  *
- * sha256.c
- *		SHA-256 (FIPS 180-4) of a short string, for the hashes that name
- *		keys in the lock manager (keylock.c).
+ * keyhash.c
+ *		The 64-bit hash that names a key in the lock manager and in shared
+ *		memory: the first 8 bytes of the key's SHA-256, and the lock tag
+ *		built from it.
+ *
+ * The hash is SHA-256, not a fast hash: a fast hash would do for
+ * spreading keys, but not against a role that computes a key whose lock
+ * collides with a holder's (the key lock is shared then: its transactions
+ * could hold the holder up).  For SHA-256 that is a second preimage of 64
+ * bits: about 2^64 tries.
  *
  * PostgreSQL's pg_cryptohash API goes through OpenSSL's EVP layer when the
  * server is built with OpenSSL, as Debian's is: creating, initializing and
  * freeing a context there costs several times what hashing a key of a few
- * dozen bytes does, and a grant hashes every new key once.  This is the
- * plain algorithm, written from the standard; the regression test lease_api
- * checks it against the server's own sha256() through the lock tags that
- * pg_locks shows.
+ * dozen bytes does, and a grant hashes every new key once.  So SHA-256
+ * (FIPS 180-4) is written here from the standard; the regression test
+ * lease_api checks it against the server's own sha256() through the lock
+ * tags that pg_locks shows.
+ *
+ * Owns: the cache of the last key hashed.  Calls nothing of dlock's.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "miscadmin.h"
+#include "storage/lock.h"
+
 #include "dlock.h"
+
+/* Length of a SHA-256 digest, in bytes. */
+#define SHA256_LEN	32
 
 /* The first 32 bits of the fractional parts of the cube roots of the first
  * 64 primes (FIPS 180-4, 4.2.2). */
@@ -104,8 +119,8 @@ compress(uint32 h[8], const uint8 block[64])
 }
 
 /* Put the SHA-256 digest of data[0 .. len - 1] into digest. */
-void
-dlock_sha256(const void *data, size_t len, uint8 digest[DLOCK_SHA256_LEN])
+static void
+sha256(const void *data, size_t len, uint8 digest[SHA256_LEN])
 {
 	/* the first 32 bits of the fractional parts of the square roots of
 	 * the first 8 primes (FIPS 180-4, 5.3.3) */
@@ -141,4 +156,57 @@ dlock_sha256(const void *data, size_t len, uint8 digest[DLOCK_SHA256_LEN])
 		digest[4 * i + 2] = (uint8) (h[i] >> 8);
 		digest[4 * i + 3] = (uint8) h[i];
 	}
+}
+
+/* The first 8 bytes of key's SHA-256, as a 64-bit integer. */
+static uint64
+sha256_key_hash(const char *key, int len)
+{
+	uint8		digest[SHA256_LEN];
+	uint64		h;
+
+	sha256(key, len, digest);
+	memcpy(&h, digest, sizeof(h));
+	return h;
+}
+
+/*
+ * The hash of the last key hashed, kept for the backend: one call on a key
+ * hashes it several times (its lock, its waiters, the wake-ups at the end
+ * of the transaction), and a SHA-256 costs more than a key
+ * lookup.  A pure function of the key, so the cache is never stale.
+ */
+static char last_key[DLOCK_MAX_KEY_BYTES];
+static int	last_len = -1;
+static uint64 last_hash;
+
+/*
+ * The 64-bit hash that names key in every lock space and in shared memory
+ * (sha256_key_hash), from the cache when it can.
+ */
+uint64
+dlock_key_hash(const char *key, int len)
+{
+	if (len == last_len && memcmp(key, last_key, len) == 0)
+		return last_hash;
+	last_hash = sha256_key_hash(key, len);
+	if (len <= DLOCK_MAX_KEY_BYTES)
+	{
+		memcpy(last_key, key, len);
+		last_len = len;
+	}
+	else
+		last_len = -1;
+	return last_hash;
+}
+
+/*
+ * Fill *tag with the lock tag of hash h in lock space space (DLOCK_SPACE_*
+ * in dlock.h), in this database.
+ */
+void
+dlock_hash_locktag(LOCKTAG *tag, uint64 h, uint16 space)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32),
+						 (uint32) h, space);
 }
