@@ -72,7 +72,7 @@
 #define DLOCK_SPACE_SESSIONS	0x4450	/* a connection's session mark */
 #define DLOCK_SPACE_SYNCREP		0x4451	/* a wait for synchronous standbys */
 
-/* Longest key, in bytes; documented in the README. */
+/* Longest key, in bytes; documented in docs/reference.md. */
 #define DLOCK_MAX_KEY_BYTES		512
 
 /* Longest holder label, in bytes. */

@@ -296,8 +296,8 @@ dlock_secure_drawn_token(void)
  * setting; a grant or renewal in the same transaction forces a synchronous
  * commit anyway.  What leaves no trace is what PostgreSQL never makes
  * durable in a transaction without writes either: a nextval served from the
- * values a sequence logged ahead, a NOTIFY (README).  Set like SET LOCAL:
- * the session's value comes back after the commit.
+ * values a sequence logged ahead, a NOTIFY (docs/guarantees.md).  Set
+ * like SET LOCAL: the session's value comes back after the commit.
  */
 void
 dlock_durable_xact_callback(XactEvent event)

@@ -596,7 +596,7 @@ dlock_release(PG_FUNCTION_ARGS)
  * locked as for a grant, only while its row is deleted, and skipped when
  * somebody else has it locked.  A pruned key's next token still comes from
  * the same sequence, so it is higher than any before; only the monotonic
- * fencing mode loses the key's history (see README).
+ * fencing mode loses the key's history (see docs/reference.md).
  */
 Datum
 dlock_prune(PG_FUNCTION_ARGS)

@@ -469,7 +469,7 @@ guard_key(GuardPlan *plan, const char *key, bool column_has,
 /*
  * dlock.fence_guard(key_template [, token_column [, mode]]): BEFORE ROW
  * trigger that lets a row be written only under the current lease of its
- * key (see the README for the rules).
+ * key (docs/reference.md has the rules).
  */
 Datum
 dlock_fence_guard(PG_FUNCTION_ARGS)
