@@ -23,8 +23,9 @@
  * highest token whose end it has counted.  (A key evicted from the table
  * forgets that; a lease of it already counted may be counted again.)
  *
- * Owns: the shared hash "dlock stats" and its LWLock.  Calls events.c,
- * storage.c (the leases the view notices), liveness.c, args.c, settings.
+ * Owns: the shared hash "dlock stats" (with the struct "dlock stats header")
+ * and its LWLock.  Calls events.c, storage.c (the leases the view notices),
+ * liveness.c, args.c, settings.
  *
  *-------------------------------------------------------------------------
  */
@@ -158,7 +159,8 @@ dlock_stats_shmem_startup(LWLock *lock)
 	bool		found;
 	HASHCTL		info;
 
-	shared = ShmemInitStruct("dlock stats", sizeof(StatsShared), &found);
+	shared = ShmemInitStruct("dlock stats header", sizeof(StatsShared),
+							 &found);
 	if (!found)
 	{
 		shared->stats_lock = lock;
