@@ -299,7 +299,7 @@ refuse(FenceVerdict verdict, const char *key, bool has_token, int64 token,
 			hint = "After a restart, a crash, a failover or a change of dlock.storage, no token is accepted for any key until every lease granted before could have ended.  Acquire the key after that and write under the new token.";
 			break;
 		default:
-			elog(ERROR, "unexpected fencing verdict %d", (int) verdict);
+			elog(ERROR, "dlock: unexpected fencing verdict %d", (int) verdict);
 			return;
 	}
 

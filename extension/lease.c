@@ -341,7 +341,7 @@ lease_result(FunctionCallInfo fcinfo, text *key, DlockLease *lease)
 	if (lease == NULL)
 		PG_RETURN_NULL();
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
+		elog(ERROR, "dlock: return type must be a row type");
 	tupdesc = BlessTupleDesc(tupdesc);
 	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
 }

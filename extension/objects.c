@@ -105,7 +105,7 @@ check_schema_owner(Oid nspid, Oid trusted, bool installing)
 
 	tup = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(nspid));
 	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for schema %u", nspid);
+		elog(ERROR, "dlock: cache lookup failed for schema %u", nspid);
 	nspowner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
 	nspname = pstrdup(NameStr(((Form_pg_namespace) GETSTRUCT(tup))->nspname));
 	ReleaseSysCache(tup);
@@ -172,7 +172,7 @@ find_storage(void)
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	if (!OidIsValid(extowner))
-		elog(ERROR, "extension dlock (%u) vanished", ext);
+		elog(ERROR, "dlock: extension dlock (%u) vanished", ext);
 	check_schema_owner(extnsp, extowner, false);
 
 	/* its member relations */
@@ -216,7 +216,7 @@ find_storage(void)
 				 errhint("Reinstall the extension with DROP EXTENSION dlock; CREATE EXTENSION dlock.")));
 	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(found.leases));
 	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for relation %u", found.leases);
+		elog(ERROR, "dlock: cache lookup failed for relation %u", found.leases);
 	found.owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
 	ReleaseSysCache(tup);
 	found.valid = true;
