@@ -385,5 +385,18 @@ foreach my $v (@versions[ 1 .. $#versions ])
 		"CREATE EXTENSION dlock VERSION '$v': nothing left behind");
 }
 
+# The squatter's schema already holds a dlock.fence_seq: the base script
+# fails on it (42P07) before the check of 0.1--0.2 runs; refused all the
+# same, and only the squatter's own object is left.
+$node->safe_psql('squat', 'CREATE SEQUENCE dlock.fence_seq',
+	extra_params => [ '-U', 'squatter' ]);
+my ($rc) = $node->psql('squat', 'CREATE EXTENSION dlock', @as_installer);
+isnt($rc, 0, 'CREATE EXTENSION dlock in a squatted schema holding a dlock.fence_seq: refused');
+is($node->safe_psql('squat', $leftovers), '0 1 0 0 squatter',
+	'... leaving only the squatter\'s sequence');
+is($node->safe_psql('squat', q{
+		SELECT relowner::regrole FROM pg_class WHERE oid = 'dlock.fence_seq'::regclass}),
+	'squatter', '... which is still the squatter\'s');
+
 $node->stop;
 done_testing();
