@@ -27,8 +27,7 @@ OBJS = \
 	extension/wait.o
 
 EXTENSION = dlock
-DATA = extension/dlock--0.1.sql extension/dlock--0.2.sql \
-	extension/dlock--0.3.sql extension/dlock--0.4.sql \
+DATA = extension/dlock--0.1.sql \
 	extension/dlock--0.1--0.2.sql extension/dlock--0.2--0.3.sql \
 	extension/dlock--0.3--0.4.sql extension/dlock--0.4--0.5.sql \
 	extension/dlock--0.5--0.6.sql

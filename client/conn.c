@@ -23,8 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client.h"
 #include "common/string.h"
-#include "dlock.h"
 #include "pqexpbuffer.h"
 
 #define MAX_SECRETS 8

@@ -43,7 +43,7 @@
 #include <sys/prctl.h>
 #endif
 
-#include "dlock.h"
+#include "client.h"
 
 /* The signals passed on to COMMAND */
 static const int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};

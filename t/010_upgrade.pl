@@ -256,7 +256,7 @@ is( $node->safe_psql('v01', q{
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION dlock');
 $node->safe_psql('fresh', $fenced_table);
-is(version('fresh'), '0.6', 'a fresh install is 0.6 (0.4 and the update scripts)');
+is(version('fresh'), '0.6', 'a fresh install is 0.6 (0.1 and the update scripts)');
 
 # Show the lines that only one of two listings has.
 sub diag_lines

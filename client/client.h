@@ -1,11 +1,11 @@
 /*-------------------------------------------------------------------------
  *
- * dlock.h
+ * client.h
  *	  Declarations shared by the files of the dlock command-line client:
  *	  the parsed command line, a granted lease, exit statuses, and the
  *	  connection, error-reporting and signal helpers.
  *
- * client/dlock.h
+ * client/client.h
  *
  *-------------------------------------------------------------------------
  */
@@ -95,7 +95,7 @@ typedef enum DlockWait
 	DLOCK_WAIT_BROKEN			/* the connection failed; see PQerrorMessage */
 } DlockWait;
 
-/* SQL texts (dlock.c) */
+/* SQL texts (main.c) */
 extern const char *const dlock_sql_try_acquire;
 extern const char *const dlock_sql_try_acquire_sb;
 extern const char *const dlock_sql_acquire;
@@ -127,7 +127,7 @@ extern int	dlock_signal_fd;
 extern void dlock_signals_install(bool child);
 extern int	dlock_take_signal(void);
 
-/* dlock.c */
+/* main.c */
 extern const char *dlock_default_holder(void);
 extern int	dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 						int64 *req_start, DlockLease *lease, bool quiet_busy);

@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * dlock.c
+ * main.c
  *	  The dlock command-line client: run a program under a lease of the
  *	  dlock extension, or grant, renew, release and show leases.
  *
@@ -15,7 +15,7 @@
  * parameter (PQexecParams / PQsendQueryParams, unnamed statements only, so
  * that it works through PgBouncer's transaction pooling).
  *
- * client/dlock.c
+ * client/main.c
  *
  *-------------------------------------------------------------------------
  */
@@ -26,7 +26,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "dlock.h"
+#include "client.h"
 #include "pqexpbuffer.h"
 
 /*
