@@ -54,7 +54,9 @@
 #include "nodes/pg_list.h"
 #include "storage/lock.h"
 #include "storage/lwlock.h"
+#include "miscadmin.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/rel.h"
 #include "utils/uuid.h"
 
@@ -336,7 +338,7 @@ typedef struct DlockSeqPage
 extern DlockObjects dlock_objects;
 extern uint64 dlock_objects_generation;
 extern void dlock_objects_init(void);
-extern void dlock_objects_find(void);
+extern void dlock_objects_lookup(void);
 extern void dlock_objects_find_again(void);
 extern void dlock_install_check_schema(Oid nspid);
 extern void dlock_section_begin(DlockSection *s);
@@ -345,6 +347,19 @@ extern int64 dlock_read_sequence(Oid seqid);
 extern void dlock_read_sequence_page(Oid seqid, DlockSeqPage *page);
 extern XLogRecPtr dlock_sequence_lsn(Oid seqid);
 extern void dlock_set_sequence(Oid seqid, int64 value);
+
+/*
+ * Make dlock_objects valid, looking the storage up again after an
+ * invalidation (processed first, so that a stale cache is noticed).
+ * Inline: every read of a lease calls it.
+ */
+static inline void
+dlock_objects_find(void)
+{
+	AcceptInvalidationMessages();
+	if (!dlock_objects.valid)
+		dlock_objects_lookup();
+}
 
 /* liveness.c */
 extern DlockLeaseState dlock_lease_state(const DlockLease *lease,
@@ -391,7 +406,18 @@ extern void dlock_sleep_until(TimestampTz wake_at);
 
 /* keyhash.c */
 extern uint64 dlock_key_hash(const char *key, int len);
-extern void dlock_hash_locktag(LOCKTAG *tag, uint64 h, uint16 space);
+
+/*
+ * Fill *tag with the lock tag of hash h (dlock_key_hash) in lock space space
+ * (DLOCK_SPACE_*), in this database.  Inline: every key lock taken or given
+ * back builds one.
+ */
+static inline void
+dlock_hash_locktag(LOCKTAG *tag, uint64 h, uint16 space)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32),
+						 (uint32) h, space);
+}
 
 /* args.c */
 extern void dlock_no_parallel(FunctionCallInfo fcinfo);

@@ -20,6 +20,7 @@
  * tags that pg_locks shows.
  *
  * Owns: the cache of the last key hashed.  Calls nothing of dlock's.
+ * (The lock tag of a hash is dlock_hash_locktag, inline in dlock.h.)
  *
  *-------------------------------------------------------------------------
  */
@@ -198,15 +199,4 @@ dlock_key_hash(const char *key, int len)
 	else
 		last_len = -1;
 	return last_hash;
-}
-
-/*
- * Fill *tag with the lock tag of hash h in lock space space (DLOCK_SPACE_*
- * in dlock.h), in this database.
- */
-void
-dlock_hash_locktag(LOCKTAG *tag, uint64 h, uint16 space)
-{
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32),
-						 (uint32) h, space);
 }

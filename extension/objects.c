@@ -139,9 +139,13 @@ dlock_install_check_schema(Oid nspid)
 	check_schema_owner(nspid, GetUserId(), true);
 }
 
-/* Fill ids: the extension's table and sequence, found through pg_depend. */
-static void
-find_storage(void)
+/*
+ * Fill dlock_objects: the extension's table and sequences, found through
+ * pg_depend (dlock_objects_find, inline in dlock.h, calls this when the
+ * cache is not valid).
+ */
+void
+dlock_objects_lookup(void)
 {
 	Oid			ext = get_extension_oid("dlock", true);
 	Relation	rel;
@@ -223,18 +227,6 @@ find_storage(void)
 	dlock_objects = found;
 }
 
-/*
- * Make dlock_objects valid, looking the storage up again after an
- * invalidation.
- */
-void
-dlock_objects_find(void)
-{
-	/* process pending invalidations, so that a stale cache is noticed */
-	AcceptInvalidationMessages();
-	if (!dlock_objects.valid)
-		find_storage();
-}
 
 
 /* Set up the cache's invalidation; called once from _PG_init. */
