@@ -60,6 +60,16 @@
 #include "utils/rel.h"
 #include "utils/uuid.h"
 
+/*
+ * Everything declared below is internal to the module: hidden, so that no
+ * other library loaded into the server can collide with it, and so that
+ * calls between our files go straight to the function instead of through
+ * the PLT, as calls of static functions do.  The SQL-callable functions
+ * (PG_FUNCTION_INFO_V1) and _PG_init are declared in their own files and
+ * stay visible.
+ */
+#pragma GCC visibility push(hidden)
+
 /* SQLSTATE of every refused fenced write; documented in docs/reference.md. */
 #define ERRCODE_DLOCK_FENCE_REFUSED		MAKE_SQLSTATE('L','F','0','0','1')
 
@@ -183,9 +193,6 @@ typedef struct DlockSection
 	int			sec_context;
 	int			nestlevel;
 } DlockSection;
-
-/* dlock.c */
-extern Datum dlock_install_check(PG_FUNCTION_ARGS);
 
 /* shmem.c */
 extern void dlock_shmem_init(void);
@@ -457,5 +464,7 @@ extern void dlock_random(void *buf, size_t len, const char *what);
 extern HTAB *dlock_xact_hash(DlockXactHash *xh, const char *name,
 							 Size keysize, Size entrysize, int flags,
 							 bool create);
+
+#pragma GCC visibility pop
 
 #endif							/* DLOCK_H */
