@@ -1,7 +1,8 @@
 # t/DlockFaults.pm: what the fault tests share: running the chaos checker
-# (t/013 in table mode, t/021 in memory mode), and the process handling of
-# the kill -9 loops (t/014, t/021), whose postmaster runs as a child of the
-# test script, found and killed through /proc.
+# (t/chaos_table_mode in table mode, t/memory_mode_faults in memory mode),
+# and the process handling of the kill -9 loops (t/kill9_loop,
+# t/memory_mode_faults), whose postmaster runs as a child of the test
+# script, found and killed through /proc.
 package DlockFaults;
 
 use strict;

@@ -123,8 +123,8 @@ my @quiet = ('--nemesis-every' => 60000);
 # (No 'setval' sabotage since dlock 0.6: it set dlock.fence_seq back, which
 # no longer moves the tokens, drawn from dlock.token_seq; setting both back
 # makes the next grant of each key fail with 55000 instead of reissuing a
-# token, which t/026 checks.  The checker's own "token reissued" check has
-# no sabotage that can reach it any more.)
+# token, which t/restore_recreate checks.  The checker's own "token
+# reissued" check has no sabotage that can reach it any more.)
 my @sabotages = (
 	[
 		'delete-history,forge-history,server-log',

@@ -37,8 +37,9 @@
 #     ways, B's and D's accepted.  What was lost stays lost;
 #   - synchronous_standby_names = 'ANY 1 (cut)' on the primary while "cut"
 #     is cut off: a grant returns no token (its statement_timeout ends the
-#     wait: 57014 "fencing token not confirmed") and leaves no lease.  t/004
-#     shows that what a synchronous standby confirmed survives promotion.
+#     wait: 57014 "fencing token not confirmed") and leaves no lease.
+#     t/failover_sync shows that what a synchronous standby confirmed
+#     survives promotion.
 # Not lost: a second asynchronous standby, "paused", keeps receiving WAL
 # with its replay paused (pg_wal_replay_pause).  Promoted after the same
 # kill, it has replayed everything it received: A's and C's writes, C's

@@ -70,7 +70,7 @@ $node->pgbench(
 	[qr{^$}],
 	'8 clients acquire, pause, write under their token and release',
 	{
-		'005_chaos' => q{
+		'fencing_concurrency' => q{
 \set k random(1, 3)
 SELECT owner, fence FROM dlock.acquire('chaos:' || :k, '20 milliseconds') \gset
 INSERT INTO grants (key, fence) VALUES ('chaos:' || :k, :fence);

@@ -2,11 +2,11 @@
 # wait dlock has, and a writer held open past its lease.
 #
 # Already covered elsewhere: cancel of acquire() sleeping on a live lease
-# (t/003, not preloaded); lock_timeout ending acquire()'s wait for the open
-# writer of an expired lease (t/006 d); a cancelled and a timed-out waiter
-# leaving the FIFO line (specs/fifo_order, t/009 c: terminated); cancel of
-# a grant's wait for the synchronous standby (t/004).  This test covers the
-# rest: every wait below is ended by statement_timeout (57014), by
+# (t/wait_wakeup, not preloaded); lock_timeout ending acquire()'s wait for
+# the open writer of an expired lease (t/no_lock_manager_queue d); a
+# cancelled and a timed-out waiter leaving the FIFO line (specs/fifo_order,
+# t/session_bound_stats_fifo c: terminated); cancel of a grant's wait for
+# the synchronous standby (t/failover_sync).  This test covers the rest: every wait below is ended by statement_timeout (57014), by
 # lock_timeout (55P03 where a lock wait is involved; a latch wait that is
 # not a wait for a lock is not ended by it: statement_timeout ends it) and by
 # pg_cancel_backend (57014), each within about 2 s of the moment it was due,

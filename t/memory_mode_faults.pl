@@ -1,12 +1,14 @@
 # Memory mode (dlock.storage = memory) under the fault tools of issue 9: the
-# chaos checker and the kill -9 loop, on servers configured as in t/013 and
-# t/014 plus shared_preload_libraries = 'dlock', dlock.storage = memory and
-# dlock.horizon_margin = 500ms (so that the wait after each crash, until the
-# horizon, stays under about a second).
+# chaos checker and the kill -9 loop, on servers configured as in
+# t/chaos_table_mode and t/kill9_loop plus shared_preload_libraries =
+# 'dlock', dlock.storage = memory and dlock.horizon_margin = 500ms (so that
+# the wait after each crash, until the horizon, stays under about a
+# second).
 #
 # 1. dlock-chaos (chaos/README.md) for 30 s with seed 42, crash-restarts
-#    included (a crash every 2.5-7.5 s, more often than t/013's 4-12 s:
-#    each one drops every lease): exit 0, no violation, and counts
+#    included (a crash every 2.5-7.5 s, more often than
+#    t/chaos_table_mode's 4-12 s: each one drops every lease): exit 0, no
+#    violation, and counts
 #    showing that the faults really happened (grants, takeovers, accepted
 #    writes, refused stale writes, pauses, SIGSTOPs, backend terminations,
 #    crash-restarts) and that accepted writes were checked against the
@@ -37,18 +39,18 @@
 #    outlives the restart, so that the horizon is still there when the
 #    server is back).  No forged
 #    token may be accepted; some must have been presented during the
-#    horizon.  (dlock 0.5 accepted token 0 there; t/027 shows the check
-#    going red, on 0.5 and with --sabotage=forge.)
+#    horizon.  (dlock 0.5 accepted token 0 there; t/chaos_mode_switch shows
+#    the check going red, on 0.5 and with --sabotage=forge.)
 #    Part 2 checks the horizon with its own probe, after kill -9.
 #
-# 2. The kill -9 loop of t/014, 60 cycles (DLOCK_KILL9_CYCLES), with the
-#    same four kinds of psql clients (A: autocommit with synchronous_commit
+# 2. The kill -9 loop of t/kill9_loop, 60 cycles (DLOCK_KILL9_CYCLES), with
+#    the same four kinds of psql clients (A: autocommit with synchronous_commit
 #    on, B: the same with it off, O: one transaction of grants that never
 #    commits, X: short transaction blocks ending in COMMIT or ROLLBACK) and
 #    the same kills (the postmaster, or a random child of it).  The clients
 #    keep each lease's owner in a session variable (dlock.leases is empty in
 #    memory mode) to renew and release it.  Shared keys get TTLs of 20-300
-#    ms; keys of their own (t/014's hour-long leases) 100-600 ms, since
+#    ms; keys of their own (t/kill9_loop's hour-long leases) 100-600 ms, since
 #    after a crash no key is granted before every lease could have ended.
 #    After every restart a probe tries, again and again, to grant 'probe',
 #    every key of its own acknowledged before the kill and every shared key
@@ -56,7 +58,7 @@
 #
 #    * tokens: every token granted after the restart (by the probe and by
 #      the next cycle's clients) is greater than every token any client
-#      received before it (t/014's check, unchanged);
+#      received before it (t/kill9_loop's check, unchanged);
 #    * exclusion: no key is granted before the end (by the server's clock:
 #      the expires_at of its last acknowledged grant or renewal) of any
 #      lease of it that a client in autocommit mode (A, B: synchronous
@@ -69,7 +71,7 @@
 #      so after a crash the acknowledged end still holds);
 #    * the acknowledged leases of their own are gone after the restart:
 #      their owners' renewals return NULL (README: leases do not survive a
-#      restart), where t/014 expects them to still be held;
+#      restart), where t/kill9_loop expects them to still be held;
 #    * grants resume: the probe gets every key, and its first grant comes
 #      at the latest 1 s after (the moment the old server's last process
 #      was gone + the longest TTL + dlock.horizon_margin) or after its first
@@ -117,8 +119,8 @@ system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
 
 my $node = PostgreSQL::Test::Cluster->new('chaos_mem');
 $node->init;
-# As in t/013: fsync on, and the postmaster resets the cluster after a
-# backend's SIGKILL.
+# As in t/chaos_table_mode: fsync on, and the postmaster resets the cluster
+# after a backend's SIGKILL.
 $node->append_conf('postgresql.conf',
 	"fsync = on\nrestart_after_crash = on\n" . $memory_conf);
 $node->start;
@@ -195,7 +197,7 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM dlock.leases'), '0',
 {
 	my $deadline = time() + 30;
 	while (time() < $deadline
-		&& $node->safe_psql('postgres', "SELECT count(*) FROM dlock.try_acquire('t021-horizon', '1 ms')") ne '1')
+		&& $node->safe_psql('postgres', "SELECT count(*) FROM dlock.try_acquire('horizon-passed', '1 ms')") ne '1')
 	{
 		usleep(100_000);
 	}
@@ -220,10 +222,10 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM dlock.leases'), '0',
 		'memory mode, without fencing: lost updates or writes under a superseded lease reported');
 }
 # (No --sabotage=setval since dlock 0.6: setting dlock.fence_seq back no
-# longer moves the tokens; see t/013 and t/026.)
+# longer moves the tokens; see t/chaos_table_mode and t/restore_recreate.)
 {
 	# A live lease dropped with dlock.forget, the key granted again at once:
-	# the exclusion check must see it (the nemesis nearly idle, as in t/013).
+	# the exclusion check must see it (the nemesis nearly idle, as in t/chaos_table_mode).
 	my ($rc, $out, $err, $c) = chaos(
 		'--duration' => 3,
 		'--workers' => 2,
@@ -257,7 +259,7 @@ my $max_ttl_ms = max($shared_ttl[1], $own_ttl[1]);
 
 my $kn = PostgreSQL::Test::Cluster->new('kill9_mem');
 $kn->init;
-# As in t/014, plus memory mode.
+# As in t/kill9_loop, plus memory mode.
 $kn->append_conf('postgresql.conf', q{
 fsync = on
 wal_writer_delay = 10s
@@ -298,7 +300,7 @@ my $max_received = 0;
 # SQL for a lease's expires_at in microseconds since the Unix epoch.
 sub us { return "(extract(epoch FROM $_[0]) * 1000000)::bigint" }
 
-# A client's script of kind $kind (see t/014).  Output lines:
+# A client's script of kind $kind (see t/kill9_loop).  Output lines:
 #   g|key|fence|end     a grant of a shared key (or, for O, a key of its own)
 #   r|key|fence|end     a renewal (end empty: lost)
 #   x|key|fence|t/f     a release
@@ -462,7 +464,7 @@ sub cycle
 
 	usleep(10_000 + int(rand(140_000)));
 
-	# Kill (as in t/014).
+	# Kill (as in t/kill9_loop).
 	my $t0 = time();
 	$orphans_killed += kill_random($kn, $nclients, \%kills);
 	# Every process of the old server is gone: nothing was granted after.

@@ -303,7 +303,7 @@ $bouncer->pgbench(
 	[qr{^$}],
 	'b: 50 pgbench clients through PgBouncer, none fails',
 	{
-		'016_contention' => q{
+		'pgbouncer_contention' => q{
 \set k random(1, 3)
 \set how random(0, 1)
 WITH g AS (SELECT * FROM dlock.try_acquire('ctr:' || :k, '50 milliseconds')),

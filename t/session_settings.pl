@@ -273,7 +273,7 @@ $node->pgbench(
 	[qr{^$}],
 	'4 SERIALIZABLE clients acquire 3 keys with 20 ms leases: no serialization failures',
 	{
-		'008_serializable' => q{
+		'serializable' => q{
 \set k random(1, 3)
 BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT fence FROM dlock.acquire('ser:' || :k, '20 milliseconds', wait => '2 seconds');
