@@ -1,8 +1,13 @@
-# t/DlockFaults.pm: what the fault tests share: running the chaos checker
-# (t/chaos_table_mode in table mode, t/memory_mode_faults in memory mode),
-# and the process handling of the kill -9 loops (t/kill9_loop,
-# t/memory_mode_faults), whose postmaster runs as a child of the test
-# script, found and killed through /proc.
+# t/DlockFaults.pm: what the fault tests share, so that no fault loop is
+# written twice:
+#
+#  * the chaos checker (chaos/dlock-chaos): building it, its server, its
+#    crash options, running it, and the checks of a clean run, of a run
+#    without fencing and of a sabotaged run (t/chaos_table_mode,
+#    t/memory_mode_faults, t/chaos_mode_switch);
+#  * the process handling of the kill -9 loops (t/kill9_loop,
+#    t/memory_mode_faults), whose postmaster runs as a child of the test
+#    script, found and killed through /proc.
 package DlockFaults;
 
 use strict;
@@ -11,12 +16,56 @@ use Cwd ();
 use Exporter 'import';
 use IPC::Run;
 use POSIX ();
+use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 
-our @EXPORT = qw(run_chaos children_of server_processes gone wait_gone spawn
-  start_postmaster wait_ready kill_random);
+our @EXPORT = qw(chaos_checker chaos_node crash_options run_chaos
+  check_clean_run check_no_fence_run check_sabotage_run
+  children_of server_processes gone wait_gone spawn start_postmaster
+  wait_ready kill_random);
+
+#
+# The chaos checker.
+#
+
+# The checker's program, built first if it is not there yet.
+sub chaos_checker
+{
+	my $prog = "$ENV{TESTDIR}/chaos/dlock-chaos";
+	system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
+	return $prog;
+}
+
+# A server for the checker, named $name, with $conf added, started.
+# Cluster.pm turns fsync off; acknowledged commits must survive the
+# crashes.  It also turns restart_after_crash off; the nemesis's SIGKILL of
+# a backend is meant to make the postmaster reset the cluster, as in
+# production.
+sub chaos_node
+{
+	my ($name, $conf) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	$node->append_conf('postgresql.conf',
+		"fsync = on\nrestart_after_crash = on\n" . ($conf // ''));
+	$node->start;
+	return $node;
+}
+
+# The checker's options for crash-restarting $node every $every seconds
+# on average.
+sub crash_options
+{
+	my ($node, $every) = @_;
+	my $bindir = $node->config_data('--bindir');
+	return (
+		'--pgdata' => $node->data_dir,
+		'--pg-ctl' => "$bindir/pg_ctl",
+		'--server-log' => $node->logfile,
+		'--crash-every' => $every);
+}
 
 # Run the chaos checker $prog against $node's database postgres with
 # @args; return (exit status, stdout, stderr, counts).
@@ -38,6 +87,84 @@ sub run_chaos
 	note $err if $err ne '';
 	return ($rc, $out, $err, \%c);
 }
+
+# The checks of a run that must be clean, named "$label: ...": exit 0, no
+# violation, counts showing that the faults really happened, and accepted
+# writes checked against the server's expires_at.  12 assertions.
+sub check_clean_run
+{
+	my ($label, $rc, $out, $err, $c) = @_;
+	local $Test::Builder::Level = $Test::Builder::Level + 1;
+	is($rc, 0, "$label: dlock-chaos exits 0")
+	  or diag "$label:\n$out\n$err";
+	is($c->{violations}, 0, "$label: no violation");
+	foreach my $count (
+		qw(grants takeovers accepted_writes stale_writes_refused pauses
+		sigstops backend_kills crash_restarts))
+	{
+		cmp_ok($c->{$count} // 0, '>', 0, "$label: $count > 0");
+	}
+	cmp_ok($c->{stale_writes_refused} // 0, '<=', $c->{stale_writes} // 0,
+		"$label: no more stale writes refused than attempted");
+	like($out, qr/checked against the server's expires_at: [1-9]/,
+		"$label: accepted writes checked by the server's clock");
+	return;
+}
+
+# The checker is not vacuous: without the fencing trigger the same
+# workload (6 s, seed 7) must be caught, with writes accepted after their
+# lease expired and lost updates or writes under a superseded lease.
+# 4 assertions, named "$label: ...".
+sub check_no_fence_run
+{
+	my ($prog, $node, $label) = @_;
+	local $Test::Builder::Level = $Test::Builder::Level + 1;
+	my ($rc, $out, $err, $c) = run_chaos(
+		$prog, $node,
+		'--duration' => 6,
+		'--workers' => 8,
+		'--keys' => 2,
+		'--seed' => 7,
+		'--no-fence');
+	is($rc, 1, "$label: dlock-chaos exits 1");
+	cmp_ok($c->{violations} // 0, '>', 0, "$label: violations reported");
+	like($out, qr/violations: write accepted after its lease expired: [1-9]/,
+		"$label: writes accepted after their lease expired reported");
+	like(
+		$out,
+		qr/violations: (lost update \(duplicate value\)|write accepted under a superseded lease): [1-9]/,
+		"$label: lost updates or writes under a superseded lease reported");
+	return;
+}
+
+# A check fires when its property is really broken: a run with
+# --sabotage=$kind (2 workers, 4 keys, and @args) must exit 1 and report
+# each violation of @expect (a violation's text, or [ its text, the name
+# to show for it ]).  1 + @expect assertions, named "$label: ...".
+sub check_sabotage_run
+{
+	my ($prog, $node, $label, $kind, $args, @expect) = @_;
+	local $Test::Builder::Level = $Test::Builder::Level + 1;
+	my ($rc, $out, $err, $c) = run_chaos(
+		$prog, $node,
+		'--workers' => 2,
+		'--keys' => 4,
+		'--sabotage' => $kind,
+		@$args);
+	is($rc, 1, "$label: dlock-chaos exits 1")
+	  or diag "$label:\n$out\n$err";
+	foreach my $e (@expect)
+	{
+		my ($v, $shown) = ref $e ? @$e : ($e, $e);
+		like($out, qr/^dlock-chaos: violations: \Q$v\E: [1-9]/m,
+			"$label: \"$shown\" reported");
+	}
+	return;
+}
+
+#
+# Processes.
+#
 
 # Children of process $ppid, from /proc: pid => command line (the
 # postgres process title).

@@ -114,28 +114,17 @@ my $t_start = time();
 #
 # Part 1: the chaos checker.
 #
-my $prog = "$ENV{TESTDIR}/chaos/dlock-chaos";
-system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
+my $prog = chaos_checker();
 
-my $node = PostgreSQL::Test::Cluster->new('chaos_mem');
-$node->init;
-# As in t/chaos_table_mode: fsync on, and the postmaster resets the cluster
-# after a backend's SIGKILL.
-$node->append_conf('postgresql.conf',
-	"fsync = on\nrestart_after_crash = on\n" . $memory_conf);
-$node->start;
-my $bindir = $node->config_data('--bindir');
+# As in t/chaos_table_mode, plus memory mode.
+my $node = chaos_node('chaos_mem', $memory_conf);
 is($node->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'chaos server: memory mode');
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 # Run dlock-chaos with @args; return (exit status, stdout, stderr, counts).
 sub chaos { return run_chaos($prog, $node, @_) }
 
-my @crash = (
-	'--pgdata' => $node->data_dir,
-	'--pg-ctl' => "$bindir/pg_ctl",
-	'--server-log' => $node->logfile,
-	'--crash-every' => 5);
+my @crash = crash_options($node, 5);
 
 {
 	my $seed = 42;
@@ -148,19 +137,7 @@ my @crash = (
 		'--forge',
 		@crash);
 	note sprintf('chaos run: %.1f s', time() - $t0);
-	is($rc, 0, "memory mode, seed $seed: dlock-chaos exits 0")
-	  or diag "seed $seed:\n$out\n$err";
-	is($c->{violations}, 0, "memory mode, seed $seed: no violation");
-	foreach my $count (
-		qw(grants takeovers accepted_writes stale_writes_refused pauses
-		sigstops backend_kills crash_restarts))
-	{
-		cmp_ok($c->{$count} // 0, '>', 0, "memory mode, seed $seed: $count > 0");
-	}
-	cmp_ok($c->{stale_writes_refused} // 0, '<=', $c->{stale_writes} // 0,
-		"memory mode, seed $seed: no more stale writes refused than attempted");
-	like($out, qr/checked against the server's expires_at: [1-9]/,
-		"memory mode, seed $seed: accepted writes checked by the server's clock");
+	check_clean_run("memory mode, seed $seed", $rc, $out, $err, $c);
 	# Exclusion of grants, across the crashes (the horizon) too.
 	my ($pairs, $across) =
 	  $out =~ /checked for exclusion by the server's clock: (\d+) \(.*?a crash-restart between, the first live at the crash: (\d+);/;
@@ -204,40 +181,20 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM dlock.leases'), '0',
 }
 
 # Not vacuous in memory mode: without the fencing trigger the workload is
-# caught, and so are tokens drawn again after the sequence is set back.
-{
-	my ($rc, $out, $err, $c) = chaos(
-		'--duration' => 6,
-		'--workers' => 8,
-		'--keys' => 2,
-		'--seed' => 7,
-		'--no-fence');
-	is($rc, 1, 'memory mode, without fencing: dlock-chaos exits 1');
-	cmp_ok($c->{violations} // 0, '>', 0, 'memory mode, without fencing: violations reported');
-	like($out, qr/violations: write accepted after its lease expired: [1-9]/,
-		'memory mode, without fencing: writes accepted after their lease expired reported');
-	like(
-		$out,
-		qr/violations: (lost update \(duplicate value\)|write accepted under a superseded lease): [1-9]/,
-		'memory mode, without fencing: lost updates or writes under a superseded lease reported');
-}
+# caught.
+check_no_fence_run($prog, $node, 'memory mode, without fencing');
 # (No --sabotage=setval since dlock 0.6: setting dlock.fence_seq back no
 # longer moves the tokens; see t/chaos_table_mode and t/restore_recreate.)
-{
-	# A live lease dropped with dlock.forget, the key granted again at once:
-	# the exclusion check must see it (the nemesis nearly idle, as in t/chaos_table_mode).
-	my ($rc, $out, $err, $c) = chaos(
-		'--duration' => 3,
-		'--workers' => 2,
-		'--keys' => 4,
-		'--nemesis-every' => 60000,
-		'--sabotage' => 'steal');
-	is($rc, 1, 'memory mode, sabotage steal: dlock-chaos exits 1')
-	  or diag "sabotage steal:\n$out\n$err";
-	like($out,
-		qr/^dlock-chaos: violations: key granted while an acknowledged lease of it was live \(server clock\): [1-9]/m,
-		'memory mode, sabotage steal: "key granted while an acknowledged lease of it was live" reported');
-}
+# A live lease dropped with dlock.forget, the key granted again at once:
+# the exclusion check must see it (the nemesis nearly idle, as in
+# t/chaos_table_mode).
+check_sabotage_run(
+	$prog, $node, 'memory mode, sabotage steal', 'steal',
+	[ '--duration' => 3, '--nemesis-every' => 60000 ],
+	[
+		'key granted while an acknowledged lease of it was live (server clock)',
+		'key granted while an acknowledged lease of it was live'
+	]);
 $node->stop;
 note sprintf('part 1 (chaos): %.1f s', time() - $t_start);
 
@@ -274,7 +231,7 @@ recovery_init_sync_method = syncfs
 log_connections = off
 log_disconnections = off
 } . $memory_conf);
-$bindir = $kn->config_data('--bindir');
+my $bindir = $kn->config_data('--bindir');
 start_postmaster($kn, 'kill9_mem');
 $kn->safe_psql('postgres', 'CREATE EXTENSION dlock');
 is($kn->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'kill -9 server: memory mode');
