@@ -9,7 +9,12 @@
 #    child of the test script, found and killed through /proc, and the
 #    loop itself, DlockFaults::Kill9Loop: its server, its four kinds of
 #    psql clients, the kill, the probe after the restart, the token check
-#    and the checks every run ends with (t/kill9_loop, t/memory_mode_faults).
+#    and the checks every run ends with (t/kill9_loop, t/memory_mode_faults);
+#  * psql workers started without IPC::Run, reaped, and the SQLSTATEs of
+#    their errors (also t/chaos_sync_standby);
+#  * crashing a server by killing a backend and waiting until the
+#    postmaster has reset it (t/session_bound_stats_fifo, t/memory_mode,
+#    t/horizon_tokens, t/crash_restart).
 package DlockFaults;
 
 use strict;
@@ -26,7 +31,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(chaos_checker chaos_node crash_options run_chaos
   check_clean_run check_no_fence_run check_sabotage_run
   children_of server_processes gone wait_gone spawn start_postmaster
-  wait_ready kill_random count_sqlstates);
+  wait_ready kill_random reap count_sqlstates crash_and_wait);
 
 #
 # The chaos checker.
@@ -260,6 +265,28 @@ sub spawn
 	return $pid;
 }
 
+# Wait for each of our children @pids to exit; after $limit seconds kill
+# -9 the ones left.
+sub reap
+{
+	my ($limit, @pids) = @_;
+	my $deadline = time() + $limit;
+	foreach my $pid (@pids)
+	{
+		while (waitpid($pid, POSIX::WNOHANG()) == 0)
+		{
+			if (time() > $deadline)
+			{
+				kill 'KILL', $pid;
+				waitpid($pid, 0);
+				last;
+			}
+			usleep(10_000);
+		}
+	}
+	return;
+}
+
 # Count in %$errors (SQLSTATE => how many) the errors that a psql run
 # with VERBOSITY sqlstate wrote to the file $file.
 sub count_sqlstates
@@ -358,6 +385,20 @@ sub kill_random
 	kill 'KILL', $victim;
 	# The postmaster ends all the others, then starts again.
 	return wait_gone(30, @all);
+}
+
+# Crash $node (started by pg_ctl, restart_after_crash = on) by killing
+# @pids, backends or other children of its postmaster, with SIGKILL, and
+# wait until the postmaster has reset the cluster and accepts connections
+# again.  Returns whether it does.
+sub crash_and_wait
+{
+	my ($node, @pids) = @_;
+	my $log_offset = -s $node->logfile;
+	kill 'KILL', @pids;
+	$node->wait_for_log(qr/all server processes terminated; reinitializing/,
+		$log_offset);
+	return $node->poll_query_until('postgres', 'SELECT 1', '1');
 }
 
 #

@@ -398,20 +398,7 @@ sub nemesis
 	}
 
 	# The workers and probes end with their connections.
-	$deadline = time() + 60;
-	foreach my $pid (@procs)
-	{
-		while (waitpid($pid, POSIX::WNOHANG()) == 0)
-		{
-			if (time() > $deadline)
-			{
-				kill 'KILL', $pid;
-				waitpid($pid, 0);
-				last;
-			}
-			usleep(10_000);
-		}
-	}
+	reap(60, @procs);
 	$bg->quit;
 	$event->('A', 'done');
 	return;
@@ -542,10 +529,7 @@ sub read_ops
 			$op->{waited} = grep { $D[$_] < $op->{inv} && $op->{inv} < ($R[$_] // 0) } 0 .. $#D;
 		}
 		push @ops, @lines;
-		foreach (split /\n/, slurp_file("$dir/$mode.$name.err"))
-		{
-			$errors{$1}++ if /(?:ERROR|FATAL|PANIC):  ([0-9A-Z]{5})$/;
-		}
+		count_sqlstates("$dir/$mode.$name.err", \%errors);
 	}
 	return (\@ops, \%errors);
 }

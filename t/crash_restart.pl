@@ -22,6 +22,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockFaults;
 
 my $node = PostgreSQL::Test::Cluster->new('crash');
 $node->init;
@@ -286,8 +289,7 @@ is( $node->safe_psql(
 	't',
 	'the asynchronous release is visible before the crash');
 
-kill 'KILL', @writers;
-$node->poll_query_until('postgres', 'SELECT 1', '1')
+crash_and_wait($node, @writers)
   or die 'the server did not come back after its writers were killed';
 
 is( $node->safe_psql(

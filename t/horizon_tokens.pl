@@ -34,6 +34,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockFaults;
 
 my $common = q{
 shared_preload_libraries = 'dlock'
@@ -241,10 +244,7 @@ my $f2 = after_horizon($mem, 'restart', $f1);
 # Round 2: a crash restart, with the lease just granted (4 s) held.
 my $bg = $mem->background_psql('postgres');
 my $victim = $bg->query_safe('SELECT pg_backend_pid()');
-my $log_offset = -s $mem->logfile;
-kill 'KILL', $victim;
-$mem->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
-$mem->poll_query_until('postgres', 'SELECT 1', '1')
+crash_and_wait($mem, $victim)
   or die 'the server did not come back after the crash';
 $bg->quit;
 during_horizon($mem, 'crash', $f2);

@@ -40,6 +40,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockFaults;
 use Time::HiRes qw(usleep time);
 use List::Util qw(min max);
 
@@ -481,10 +484,7 @@ my ($m_open_max) = $ms->query_safe(q{
 	LATERAL dlock.try_acquire('copen' || i, '3 s') AS l});
 cmp_ok($m_open_max, '>=', $ld_fence + 40, 'memory: 40 more tokens drawn in an open transaction');
 my $victim = $ms->query_safe('SELECT pg_backend_pid()');
-my $log_offset = -s $mem->logfile;
-kill 'KILL', $victim;
-$mem->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
-$mem->poll_query_until('postgres', 'SELECT 1', '1')
+crash_and_wait($mem, $victim)
   or die 'the server did not come back after the crash';
 $ms->quit;
 

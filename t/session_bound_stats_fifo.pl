@@ -35,6 +35,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockFaults;
 use POSIX qw(ceil);
 
 my $node = PostgreSQL::Test::Cluster->new('operate');
@@ -281,10 +284,7 @@ my ($oc, $fc) = grant_in($h, "'crash'", ', session_bound => true');
 my ($ocn, $fcn) = grant_in($h, "'crash-ns'", '');
 isnt($node->safe_psql('postgres', 'SELECT acquired FROM dlock.stats WHERE key IS NULL'),
 	'0', 'a8: grants counted before the crash');
-my $log_offset = -s $node->logfile;
-kill 'KILL', $hpid;
-$node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
-ok($node->poll_query_until('postgres', 'SELECT 1', '1'), 'a8: the server restarted after the crash');
+ok(crash_and_wait($node, $hpid), 'a8: the server restarted after the crash');
 $h->quit;
 is(status($node, 'postgres', "'crash'"), 'expired|t|f',
 	"a8: after the crash, the crashed connection's session-bound lease is dead");
@@ -356,7 +356,7 @@ my $sqlkey = q{'we "ird\key' || chr(10) || 'end'};
 my $perlkey = qq{we "ird\\key\nend};
 $node->safe_psql('logdb', qq{SELECT count(*) FROM dlock.try_acquire($sqlkey || '-off', '1 hour')});
 $node->safe_psql('logdb', 'ALTER DATABASE logdb SET dlock.log_events = on');
-$log_offset = -s $node->logfile;
+my $log_offset = -s $node->logfile;
 
 my ($lo1, $lf1) = split /\|/, $node->safe_psql('logdb', qq{
 	SELECT owner, fence FROM dlock.try_acquire($sqlkey, '1 hour', holder => 'h "1"\\')});
