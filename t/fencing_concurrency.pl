@@ -24,10 +24,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('concurrency');
-$node->init;
-$node->start;
+my $node = dlock_node('concurrency');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	CREATE SEQUENCE ord;

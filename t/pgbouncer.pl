@@ -65,6 +65,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(usleep);
 
 my $pgbouncer = $ENV{PGBOUNCER} // '/usr/sbin/pgbouncer';
@@ -75,9 +78,7 @@ if (!-x $pgbouncer)
 	exit 1;
 }
 
-my $node = PostgreSQL::Test::Cluster->new('pooled');
-$node->init;
-$node->start;
+my $node = dlock_node('pooled');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 

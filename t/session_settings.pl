@@ -15,11 +15,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('session_settings');
-$node->init;
-$node->append_conf('postgresql.conf', 'max_prepared_transactions = 2');
-$node->start;
+my $node = dlock_node('session_settings', conf => 'max_prepared_transactions = 2');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	CREATE ROLE plain LOGIN;
