@@ -40,6 +40,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(usleep);
 
 my $fuzz = "$ENV{TESTDIR}/fuzz/dlock-fuzz";
@@ -57,9 +60,7 @@ my $random_calls = 8000;
 my $memory_calls = 2000;
 my $random_seed = int(rand(1_000_000_000));
 
-my $node = PostgreSQL::Test::Cluster->new('hostile');
-$node->init;
-$node->append_conf('postgresql.conf', q{
+my $node = dlock_node('hostile', conf => q{
 shared_preload_libraries = 'dlock'
 max_prepared_transactions = 2
 max_worker_processes = 8
@@ -68,7 +69,6 @@ restart_after_crash = on
 log_min_messages = warning
 log_min_error_statement = panic
 });
-$node->start;
 my $log = $node->logfile;
 for my $db (qw(fuzz1 fuzz2 fuzz3 fuzz4 fuzz5 fuzz6))
 {
@@ -79,9 +79,7 @@ for my $db (qw(fuzz1 fuzz2 fuzz3 fuzz4 fuzz5 fuzz6))
 # The server of c and d: leases in shared memory, a short horizon margin,
 # so that a restart's horizon is the 8 s lease of d plus 0.2 s (the
 # generator stops when it has made its calls, long before under no load).
-my $mem = PostgreSQL::Test::Cluster->new('hostile_mem');
-$mem->init;
-$mem->append_conf('postgresql.conf', q{
+my $mem = dlock_node('hostile_mem', conf => q{
 shared_preload_libraries = 'dlock'
 dlock.storage = memory
 dlock.horizon_margin = '200ms'
@@ -91,7 +89,6 @@ max_parallel_workers = 4
 log_min_messages = warning
 log_min_error_statement = panic
 });
-$mem->start;
 for my $db (qw(mfuzz mhorizon))
 {
 	$mem->safe_psql('postgres',

@@ -30,11 +30,11 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $primary = PostgreSQL::Test::Cluster->new('primary');
-$primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', "fsync = on\n");
-$primary->start;
+my $primary = dlock_node('primary', streaming => 1, conf => "fsync = on\n");
 $primary->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	CREATE TABLE stock (warehouse_id int PRIMARY KEY, qty int NOT NULL, fence bigint);
@@ -44,37 +44,13 @@ $primary->safe_psql('postgres', q{
 	CREATE TRIGGER moves_fence BEFORE INSERT OR UPDATE OR DELETE ON moves
 		FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('stock:{warehouse_id}', 'fence');
 });
-$primary->backup('base');
-
-my $standby = PostgreSQL::Test::Cluster->new('standby');
-$standby->init_from_backup($primary, 'base', has_streaming => 1);
-$standby->start;
-$primary->append_conf('postgresql.conf',
-	"synchronous_standby_names = 'standby'\n");
-$primary->reload;
-ok( $primary->poll_query_until(
-		'postgres',
-		"SELECT sync_state = 'sync' FROM pg_stat_replication WHERE application_name = 'standby'"
-	),
-	'the standby is synchronous');
-
-# Run $sql on $node (psql, verbose errors); return the SQLSTATE of the
-# first error ('' if none) and the output.
-sub run_sql
-{
-	my ($node, $sql) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql('postgres', "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out);
-}
+my $standby = sync_standby($primary, 'standby', 'the standby is synchronous');
 
 # A fenced UPDATE of stock row $id presenting $fence with use_fence.
 sub fenced_update
 {
 	my ($node, $id, $qty, $fence) = @_;
-	return (run_sql($node, qq{
+	return (try_sql($node, 'postgres', qq{
 		BEGIN;
 		SELECT dlock.use_fence('stock:$id', $fence);
 		UPDATE stock SET qty = $qty WHERE warehouse_id = $id;
@@ -85,7 +61,7 @@ sub fenced_update
 sub fenced_insert
 {
 	my ($node, $id, $qty, $fence) = @_;
-	return (run_sql($node,
+	return (try_sql($node, 'postgres',
 		"INSERT INTO moves VALUES ($id, $qty, $fence)"))[0];
 }
 
@@ -101,11 +77,11 @@ sub grant
 # is on for them, so each commit has reached the synchronous standby).
 my ($oA, $fA, $expA) = grant($primary, 'stock:1', '5 s');
 is(fenced_insert($primary, 1, 1, $fA), '', 'A: INSERT presenting its token in the token column');
-is((run_sql($primary, "INSERT INTO stock VALUES (1, 10, $fA)"))[0], '',
+is((try_sql($primary, 'postgres', "INSERT INTO stock VALUES (1, 10, $fA)"))[0], '',
 	'A: INSERT into stock presenting its token');
 is(fenced_update($primary, 1, 11, $fA), '', 'A: use_fence + UPDATE');
 my ($oC, $fC) = grant($primary, 'stock:2', '1 hour');
-is((run_sql($primary, "INSERT INTO stock VALUES (2, 20, $fC)"))[0], '',
+is((try_sql($primary, 'postgres', "INSERT INTO stock VALUES (2, 20, $fC)"))[0], '',
 	'C: INSERT presenting its token');
 is($primary->safe_psql('postgres', "SELECT dlock.release('stock:2', '$oC')"), 't',
 	'C releases stock:2');
@@ -116,7 +92,7 @@ is(fenced_insert($primary, 2, 1, $fD), '', 'D: INSERT presenting its token');
 my $e = $primary->background_psql('postgres');
 my ($oE, $fE) = split /\|/, $e->query_safe(
 	"SELECT owner, fence FROM dlock.try_acquire('stock:3', '1 hour', session_bound => true)");
-is((run_sql($primary, "INSERT INTO stock VALUES (3, 30, $fE)"))[0], '',
+is((try_sql($primary, 'postgres', "INSERT INTO stock VALUES (3, 30, $fE)"))[0], '',
 	'a write presenting the session-bound lease\'s token, its connection up');
 
 my $s = $primary->background_psql('postgres');
@@ -193,7 +169,7 @@ is($standby->safe_psql('postgres',
 is($standby->safe_psql('postgres',
 		"SELECT dlock.renew('stock:3', '$oE', '1 hour') IS NULL"),
 	't', 'its owner cannot renew it');
-my ($state, $out) = run_sql($standby, "BEGIN; SELECT dlock.use_fence('stock:3', $fE); COMMIT;");
+my ($state, $out) = try_sql($standby, 'postgres', "BEGIN; SELECT dlock.use_fence('stock:3', $fE); COMMIT;");
 is($state, 'LF001', 'its token is refused');
 my ($oF, $fF) = grant($standby, 'stock:3', '1 hour');
 cmp_ok($fF // 0, '>', $fE, 'another client takes stock:3, with a larger token');

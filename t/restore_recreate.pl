@@ -42,6 +42,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(usleep time);
 
 my $common = q{
@@ -56,13 +59,9 @@ my $tmp = PostgreSQL::Test::Utils::tempdir();
 # first error; return the SQLSTATE of that error ('' if none) and the output.
 sub run_sql
 {
-	my ($node, $db, $sql) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	diag("unexpected error: $err") if ($state // '') eq 'XX000';
-	return ($state // '', $out);
+	my ($state, $out, $err) = try_sql(@_);
+	diag("unexpected error: $err") if $state eq 'XX000';
+	return ($state, $out);
 }
 
 # Grant $key for $ttl in $db; return (owner, fence, expires_at as text),
@@ -90,19 +89,13 @@ sub last_value
 	return $node->safe_psql($db, "SELECT last_value FROM $seq");
 }
 
-my $mem = PostgreSQL::Test::Cluster->new('mem');
-$mem->init;
-$mem->append_conf('postgresql.conf', $common . q{
+my $mem = dlock_node('mem', conf => $common . q{
 dlock.storage = memory
 dlock.max_ttl = '2min'
 dlock.horizon_margin = '1s'
 });
-$mem->start;
 
-my $tab = PostgreSQL::Test::Cluster->new('tab');
-$tab->init;
-$tab->append_conf('postgresql.conf', $common . "dlock.storage = table\n");
-$tab->start;
+my $tab = dlock_node('tab', conf => $common . "dlock.storage = table\n");
 
 #
 # Part 1: memory mode, data-only restore of an older dump, then a restart.

@@ -24,10 +24,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('attacks');
-$node->init;
-$node->append_conf('postgresql.conf', q{
+my $node = dlock_node('attacks', conf => q{
 shared_preload_libraries = 'dlock'
 dlock.storage = memory
 dlock.memory_max_keys = 400
@@ -36,19 +37,10 @@ dlock.max_ttl = '2min'
 dlock.horizon_margin = 0
 autovacuum = off
 });
-$node->start;
 
 # Run $sql in $db; return the SQLSTATE of its first error ('' if none),
 # stdout and stderr.
-sub run_sql
-{
-	my ($db, $sql) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out, $err);
-}
+sub run_sql { return try_sql($node, @_) }
 
 foreach my $db (qw(a b))
 {

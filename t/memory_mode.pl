@@ -40,6 +40,10 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
+use DlockFaults;
 use Time::HiRes qw(usleep time);
 use List::Util qw(min max);
 
@@ -49,19 +53,6 @@ dlock.max_ttl = '30s'
 autovacuum = off
 restart_after_crash = on
 };
-
-# Run $sql in database $db of $node in a psql of its own that stops at the
-# first error; return the SQLSTATE of that error ('' if none), the output
-# and the error text.
-sub run_sql
-{
-	my ($node, $db, $sql) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out, $err);
-}
 
 # Grant $key for $ttl; return owner, fence, expiry (epoch seconds) and the
 # expiry as text; an empty list when refused.
@@ -85,7 +76,7 @@ sub grants
 sub horizon
 {
 	my ($node, $db) = @_;
-	my ($state, $out, $err) = run_sql($node, $db, q{
+	my ($state, $out, $err) = try_sql($node, $db, q{
 		SELECT extract(epoch FROM timestamptz '2000-01-01 00:00:00+00')
 			   + last_value / 1000000.0
 		FROM dlock.horizon_seq});
@@ -96,36 +87,17 @@ sub horizon
 #
 # The servers.
 #
-my $mem = PostgreSQL::Test::Cluster->new('mem');
-$mem->init;
-$mem->append_conf('postgresql.conf', $common . "dlock.storage = memory\n");
-$mem->start;
+my $mem = dlock_node('mem', conf => $common . "dlock.storage = memory\n");
 $mem->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 # table mode first (part 2's reference, then the switches of part 6)
-my $sw = PostgreSQL::Test::Cluster->new('switch');
-$sw->init;
-$sw->append_conf('postgresql.conf', $common . "dlock.storage = table\n");
-$sw->start;
+my $sw = dlock_node('switch', conf => $common . "dlock.storage = table\n");
 $sw->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
-my $primary = PostgreSQL::Test::Cluster->new('primary');
-$primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', $common . "dlock.storage = memory\n");
-$primary->start;
+my $primary = dlock_node('primary', streaming => 1,
+	conf => $common . "dlock.storage = memory\n");
 $primary->safe_psql('postgres', 'CREATE EXTENSION dlock');
-$primary->backup('base');
-my $standby = PostgreSQL::Test::Cluster->new('standby');
-$standby->init_from_backup($primary, 'base', has_streaming => 1);
-$standby->start;
-$primary->append_conf('postgresql.conf',
-	"synchronous_standby_names = 'standby'\n");
-$primary->reload;
-ok( $primary->poll_query_until(
-		'postgres',
-		"SELECT sync_state = 'sync' FROM pg_stat_replication WHERE application_name = 'standby'"
-	),
-	'the standby is synchronous');
+my $standby = sync_standby($primary, 'standby', 'the standby is synchronous');
 
 #
 # Part 1: leases in shared memory.
@@ -308,12 +280,12 @@ is($mem->safe_psql('postgres', 'SELECT count(*) FROM dlock.leases'), '0',
 $mem->safe_psql('postgres', 'CREATE DATABASE v03');
 $mem->safe_psql('v03', "CREATE EXTENSION dlock VERSION '0.3'");
 my ($st, $out, $err) =
-  run_sql($mem, 'v03', "SELECT count(*) FROM dlock.try_acquire('old', '3 s')");
+  try_sql($mem, 'v03', "SELECT count(*) FROM dlock.try_acquire('old', '3 s')");
 isnt($st, '', '0.3 in memory mode: try_acquire fails');
 isnt($st, 'XX000', '0.3 in memory mode: not with an internal error');
 like($err, qr/0\.4|ALTER EXTENSION|update/i, '0.3 in memory mode: the error says to update');
 note "0.3 in memory mode: $err";
-($st, $out, $err) = run_sql($mem, 'v03', 'ALTER EXTENSION dlock UPDATE');
+($st, $out, $err) = try_sql($mem, 'v03', 'ALTER EXTENSION dlock UPDATE');
 is($st, '', 'ALTER EXTENSION dlock UPDATE from 0.3');
 is($mem->safe_psql('v03', q{SELECT extversion FROM pg_extension WHERE extname = 'dlock'}),
 	'0.6', 'updated to 0.6 (through 0.4)');
@@ -354,7 +326,7 @@ sub await_all
 			next unless @keys;
 			$pending++;
 			my $list = join(',', map { "'$_'" } @keys);
-			my ($state, $out, $err) = run_sql($w->{node}, $w->{db}, qq{
+			my ($state, $out, $err) = try_sql($w->{node}, $w->{db}, qq{
 				SELECT u.k, l.fence, extract(epoch FROM l.expires_at - interval '2 s')
 				FROM unnest(ARRAY[$list]::text[]) WITH ORDINALITY AS u(k, i)
 				LEFT JOIN LATERAL dlock.try_acquire(u.k, '2 s') AS l ON true
@@ -468,7 +440,7 @@ $ms->query_safe('SET synchronous_commit = off');
 my ($t_owner, $t_fence, $t_end) = split /\|/, $ms->query_safe(
 	q{SELECT owner, fence, extract(epoch FROM expires_at) FROM dlock.try_acquire('stock:1', '3 s')});
 like($t_fence // '', qr/^\d+$/, 'memory: stock:1 granted for 3 s before the crash');
-is((run_sql($mem, 'postgres', "INSERT INTO stock VALUES (1, 10, $t_fence)"))[0], '',
+is((try_sql($mem, 'postgres', "INSERT INTO stock VALUES (1, 10, $t_fence)"))[0], '',
 	'memory: a fenced write under that token is accepted before the crash');
 # a lease with a lock delay: the horizon covers its end plus the delay
 my ($ld_fence, $ld_end) = split /\|/, $ms->query_safe(q{
@@ -481,16 +453,13 @@ my ($m_open_max) = $ms->query_safe(q{
 	LATERAL dlock.try_acquire('copen' || i, '3 s') AS l});
 cmp_ok($m_open_max, '>=', $ld_fence + 40, 'memory: 40 more tokens drawn in an open transaction');
 my $victim = $ms->query_safe('SELECT pg_backend_pid()');
-my $log_offset = -s $mem->logfile;
-kill 'KILL', $victim;
-$mem->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
-$mem->poll_query_until('postgres', 'SELECT 1', '1')
+crash_and_wait($mem, $victim)
   or die 'the server did not come back after the crash';
 $ms->quit;
 
-($st) = run_sql($mem, 'postgres', "INSERT INTO stock VALUES (2, 1, $t_fence)");
+($st) = try_sql($mem, 'postgres', "INSERT INTO stock VALUES (2, 1, $t_fence)");
 is($st, 'LF001', 'after the crash: a write presenting the old token is refused (token column)');
-($st) = run_sql($mem, 'postgres', qq{
+($st) = try_sql($mem, 'postgres', qq{
 	BEGIN;
 	SELECT dlock.use_fence('stock:1', $t_fence);
 	UPDATE stock SET qty = 11 WHERE id = 1;
@@ -498,10 +467,10 @@ is($st, 'LF001', 'after the crash: a write presenting the old token is refused (
 is($st, 'LF001', 'after the crash: a write presenting the old token is refused (use_fence)');
 note sprintf('those refusals came %.1f s before the old lease would have ended',
 	$t_end - time());
-($st) = run_sql($mem, 'postgres', "SELECT dlock.acquire('stock:9', '2 s', wait => '300 ms')");
+($st) = try_sql($mem, 'postgres', "SELECT dlock.acquire('stock:9', '2 s', wait => '300 ms')");
 is($st, '55P03', 'after the crash: acquire of a key never used times out (55P03)');
 note 'lease_status after the crash: '
-  . join(' ', run_sql($mem, 'postgres', "SELECT * FROM dlock.lease_status WHERE key IN ('stock:1', 'stock:9')"));
+  . join(' ', try_sql($mem, 'postgres', "SELECT * FROM dlock.lease_status WHERE key IN ('stock:1', 'stock:9')"));
 my $h_mem = horizon($mem, 'postgres');
 
 my @round1 = (
@@ -520,14 +489,14 @@ my @round1 = (
 await_all(@round1);
 check_watcher($_) foreach @round1;
 
-($st) = run_sql($mem, 'postgres', qq{
+($st) = try_sql($mem, 'postgres', qq{
 	BEGIN;
 	SELECT dlock.use_fence('stock:1', $t_fence);
 	UPDATE stock SET qty = 12 WHERE id = 1;
 	COMMIT;});
 is($st, 'LF001', 'after the horizon: the old token is still refused');
 my (undef, $f_stock) = grant($mem, 'postgres', 'stock:2', '3 s');
-($st) = run_sql($mem, 'postgres', "INSERT INTO stock VALUES (2, 2, $f_stock)");
+($st) = try_sql($mem, 'postgres', "INSERT INTO stock VALUES (2, 2, $f_stock)");
 is($st, '', 'after the horizon: a write under a new lease is accepted');
 
 #

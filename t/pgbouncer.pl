@@ -65,6 +65,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(usleep);
 
 my $pgbouncer = $ENV{PGBOUNCER} // '/usr/sbin/pgbouncer';
@@ -75,9 +78,7 @@ if (!-x $pgbouncer)
 	exit 1;
 }
 
-my $node = PostgreSQL::Test::Cluster->new('pooled');
-$node->init;
-$node->start;
+my $node = dlock_node('pooled');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 
@@ -303,7 +304,7 @@ $bouncer->pgbench(
 	[qr{^$}],
 	'b: 50 pgbench clients through PgBouncer, none fails',
 	{
-		'016_contention' => q{
+		'pgbouncer_contention' => q{
 \set k random(1, 3)
 \set how random(0, 1)
 WITH g AS (SELECT * FROM dlock.try_acquire('ctr:' || :k, '50 milliseconds')),

@@ -13,10 +13,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('origin');
-$node->init;
-$node->start;
+my $node = dlock_node('origin');
 $node->safe_psql('postgres', 'CREATE DATABASE src');
 $node->safe_psql('src', 'CREATE EXTENSION dlock');
 
@@ -92,9 +93,7 @@ $node->command_ok([ 'pg_restore', '-d', 'restored', $dump ],
 check_restored($node, 'restored', 'same cluster');
 
 # Another cluster.
-my $other = PostgreSQL::Test::Cluster->new('other');
-$other->init;
-$other->start;
+my $other = dlock_node('other');
 $other->command_ok([ 'createdb', 'restored' ], 'createdb on the other node');
 $other->command_ok([ 'pg_restore', '-d', 'restored', $dump ],
 	'pg_restore into another cluster');

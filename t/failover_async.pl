@@ -37,8 +37,9 @@
 #     ways, B's and D's accepted.  What was lost stays lost;
 #   - synchronous_standby_names = 'ANY 1 (cut)' on the primary while "cut"
 #     is cut off: a grant returns no token (its statement_timeout ends the
-#     wait: 57014 "fencing token not confirmed") and leaves no lease.  t/004
-#     shows that what a synchronous standby confirmed survives promotion.
+#     wait: 57014 "fencing token not confirmed") and leaves no lease.
+#     t/failover_sync shows that what a synchronous standby confirmed
+#     survives promotion.
 # Not lost: a second asynchronous standby, "paused", keeps receiving WAL
 # with its replay paused (pg_wal_replay_pause).  Promoted after the same
 # kill, it has replayed everything it received: A's and C's writes, C's
@@ -51,14 +52,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(time usleep);
 
 my @dbs = ('demo', 'mitigated');
 
-my $primary = PostgreSQL::Test::Cluster->new('primary');
-$primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', "fsync = on\n");
-$primary->start;
+my $primary = dlock_node('primary', streaming => 1, conf => "fsync = on\n");
 $primary->safe_psql('postgres', 'CREATE EXTENSION dlock');
 foreach my $db (@dbs)
 {
@@ -79,24 +80,8 @@ foreach my $db (@dbs)
 }
 $primary->backup('base');
 
-my $cut = PostgreSQL::Test::Cluster->new('cut');
-$cut->init_from_backup($primary, 'base', has_streaming => 1);
-$cut->start;
-my $paused = PostgreSQL::Test::Cluster->new('paused');
-$paused->init_from_backup($primary, 'base', has_streaming => 1);
-$paused->start;
-
-# Run $sql in $db on $node (psql, verbose errors); return the SQLSTATE of
-# the first error ('' if none) and the output.
-sub run_sql
-{
-	my ($node, $db, $sql) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out);
-}
+my $cut = streaming_standby($primary, 'cut');
+my $paused = streaming_standby($primary, 'paused');
 
 # Grant $key in $db on $node for $ttl: owner, fence and expiry (epoch).
 sub grant
@@ -113,12 +98,12 @@ sub grant
 sub fenced_writes
 {
 	my ($node, $db, $id, $who, $fence) = @_;
-	my ($u) = run_sql($node, $db, qq{
+	my ($u) = try_sql($node, $db, qq{
 		BEGIN;
 		SELECT dlock.use_fence('stock:$id', $fence);
 		UPDATE stock SET qty = qty + 1 WHERE warehouse_id = $id;
 		COMMIT;});
-	my ($i) = run_sql($node, $db,
+	my ($i) = try_sql($node, $db,
 		"INSERT INTO moves VALUES ($id, '$who', $fence)");
 	return "$u $i";
 }
@@ -181,7 +166,7 @@ ok( $paused->poll_query_until('postgres',
 $primary->append_conf('postgresql.conf', "synchronous_standby_names = 'ANY 1 (cut)'\n");
 $primary->reload;
 $primary->safe_psql('postgres', 'CHECKPOINT');
-my ($st) = run_sql($primary, 'postgres', q{
+my ($st) = try_sql($primary, 'postgres', q{
 	SET statement_timeout = '1s';
 	SELECT fence FROM dlock.try_acquire('sync', '1 hour');});
 is($st, '57014', 'ANY 1 (cut): the grant is not confirmed, no token returned');

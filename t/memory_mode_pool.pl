@@ -38,13 +38,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(time usleep);
 use List::Util qw(max);
 
 my $t_start = time();
-my $node = PostgreSQL::Test::Cluster->new('pool');
-$node->init;
-$node->append_conf('postgresql.conf', q{
+my $node = dlock_node('pool', conf => q{
 shared_preload_libraries = 'dlock'
 dlock.storage = memory
 dlock.memory_max_keys = 200
@@ -54,7 +55,6 @@ autovacuum = off
 max_connections = 20
 include_if_exists 'dlock_cap.conf'
 });
-$node->start;
 $node->safe_psql('postgres', 'CREATE ROLE tenant LOGIN');
 
 my $all_stderr = '';
@@ -64,13 +64,10 @@ my $all_stderr = '';
 sub run_sql
 {
 	my ($db, $sql, $user) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1,
+	my ($state, $out, $err) = try_sql($node, $db, $sql,
 		defined $user ? (extra_params => [ '-U', $user ]) : ());
 	$all_stderr .= $err;
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out);
+	return ($state, $out);
 }
 
 # Run a script that may switch databases with \c and goes on after errors;

@@ -23,23 +23,15 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('upgrade');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'dlock'\n");
-$node->start;
+my $node = dlock_node('upgrade', conf => "shared_preload_libraries = 'dlock'\n");
 
 # Run $sql in database $db in a psql of its own that stops at the first
 # error; return the SQLSTATE of the error ('' when none) and the output.
-sub run_sql
-{
-	my ($db, $sql) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out);
-}
+sub run_sql { return try_sql($node, @_) }
 
 # The extension's version in $db.
 sub version
@@ -90,15 +82,12 @@ is((run_sql('v02', "BEGIN; SELECT dlock.use_fence('a', $f2a - 1); COMMIT;"))[0],
 	'LF001', '0.2: use_fence with another token is refused');
 
 # acquire() waits, and is woken by the release.
-my $w = $node->background_psql('v02', on_error_stop => 0);
-my $wpid = $w->query_safe('SELECT pg_backend_pid()');
+my ($w, $wpid) = backend_session($node, 'v02');
 $w->query_until(qr/waiting/, q{
 	\echo waiting
 	INSERT INTO woken SELECT 'w', fence FROM dlock.acquire('a', '1 hour', wait => '60 s');
 });
-ok( $node->poll_query_until('v02', qq{
-		SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $wpid}),
-	'0.2: acquire() sleeps while the key is held');
+ok(sleeps_in_dlock($node, 'v02', $wpid), '0.2: acquire() sleeps while the key is held');
 is($node->safe_psql('v02', "SELECT dlock.release('a', '$o2a')"), 't', '0.2: release');
 ok($node->poll_query_until('v02', "SELECT count(*) = 1 FROM woken WHERE fence > $f2a"),
 	'0.2: the waiter was granted after the release, with a larger token');

@@ -34,6 +34,10 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
+use DlockFaults;
 
 my $common = q{
 shared_preload_libraries = 'dlock'
@@ -55,12 +59,8 @@ my $max_int8 = '9223372036854775807';
 sub run_sql
 {
 	my ($node, $sql, $user) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql('postgres', "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1,
+	return try_sql($node, 'postgres', $sql,
 		defined $user ? (extra_params => [ '-U', $user ]) : ());
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out);
 }
 
 # The same, as the ordinary role worker.
@@ -169,10 +169,7 @@ sub refused_everywhere
 #
 # Part 1: memory mode, a clean restart and a crash restart.
 #
-my $mem = PostgreSQL::Test::Cluster->new('mem');
-$mem->init;
-$mem->append_conf('postgresql.conf', $common . "dlock.storage = memory\n");
-$mem->start;
+my $mem = dlock_node('mem', conf => $common . "dlock.storage = memory\n");
 setup($mem);
 
 # During the horizon of round $label, with $old the token of the lease on
@@ -241,10 +238,7 @@ my $f2 = after_horizon($mem, 'restart', $f1);
 # Round 2: a crash restart, with the lease just granted (4 s) held.
 my $bg = $mem->background_psql('postgres');
 my $victim = $bg->query_safe('SELECT pg_backend_pid()');
-my $log_offset = -s $mem->logfile;
-kill 'KILL', $victim;
-$mem->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
-$mem->poll_query_until('postgres', 'SELECT 1', '1')
+crash_and_wait($mem, $victim)
   or die 'the server did not come back after the crash';
 $bg->quit;
 during_horizon($mem, 'crash', $f2);
@@ -254,10 +248,7 @@ $mem->stop;
 #
 # Part 2: table mode, no horizon.
 #
-my $sw = PostgreSQL::Test::Cluster->new('switch');
-$sw->init;
-$sw->append_conf('postgresql.conf', $common . "dlock.storage = table\n");
-$sw->start;
+my $sw = dlock_node('switch', conf => $common . "dlock.storage = table\n");
 setup($sw);
 
 my ($o5, $f5) = grant($sw, 'wh-5', '4 s');

@@ -30,6 +30,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use JSON::PP;
 use Time::HiRes qw(time usleep);
 use Cwd qw(abs_path);
@@ -246,9 +249,7 @@ foreach my $cmd (qw(run acquire renew release status))
 
 # The server: a table protected by fence_guard, a role with a password and
 # a database without the extension.
-our $node = PostgreSQL::Test::Cluster->new('client');
-$node->init;
-$node->start;
+our $node = dlock_node('client');
 $ENV{PGHOST} = $node->host;
 $ENV{PGPORT} = $node->port;
 $ENV{PGDATABASE} = 'postgres';

@@ -2,11 +2,11 @@
 # wait dlock has, and a writer held open past its lease.
 #
 # Already covered elsewhere: cancel of acquire() sleeping on a live lease
-# (t/003, not preloaded); lock_timeout ending acquire()'s wait for the open
-# writer of an expired lease (t/006 d); a cancelled and a timed-out waiter
-# leaving the FIFO line (specs/fifo_order, t/009 c: terminated); cancel of
-# a grant's wait for the synchronous standby (t/004).  This test covers the
-# rest: every wait below is ended by statement_timeout (57014), by
+# (t/wait_wakeup, not preloaded); lock_timeout ending acquire()'s wait for
+# the open writer of an expired lease (t/no_lock_manager_queue d); a
+# cancelled and a timed-out waiter leaving the FIFO line (specs/fifo_order,
+# t/session_bound_stats_fifo c: terminated); cancel of a grant's wait for
+# the synchronous standby (t/failover_sync).  This test covers the rest: every wait below is ended by statement_timeout (57014), by
 # lock_timeout (55P03 where a lock wait is involved; a latch wait that is
 # not a wait for a lock is not ended by it: statement_timeout ends it) and by
 # pg_cancel_backend (57014), each within about 2 s of the moment it was due,
@@ -43,18 +43,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(time usleep);
 
 # How late (seconds) an interrupted wait may end after it was due.
 my $late = 2.5;
 
-my $plain = PostgreSQL::Test::Cluster->new('interrupt');
-$plain->init;
-$plain->start;
-my $fifo = PostgreSQL::Test::Cluster->new('interrupt_fifo');
-$fifo->init;
-$fifo->append_conf('postgresql.conf', "shared_preload_libraries = 'dlock'\n");
-$fifo->start;
+my $plain = dlock_node('interrupt');
+my $fifo = dlock_node('interrupt_fifo', conf => "shared_preload_libraries = 'dlock'\n");
 
 my $schema = q{
 	CREATE EXTENSION dlock;
@@ -74,8 +72,7 @@ my $node = $plain;
 # Open a session on $node; return it and its backend's pid.
 sub session
 {
-	my $s = $node->background_psql('postgres', on_error_stop => 0);
-	my $pid = $s->query_safe('SELECT pg_backend_pid()');
+	my ($s, $pid) = backend_session($node, 'postgres');
 	$s->query_safe('\set VERBOSITY sqlstate');
 	return ($s, $pid);
 }
@@ -166,7 +163,7 @@ is( $node->safe_psql('postgres', qq{
 	't', 'a: no lease for the interrupted callers; the holder keeps its own');
 my ($s, $pid) = session();
 $s->query_until(qr/started/, "\\echo started\nSELECT fence > $fa FROM dlock.acquire('w:1', '1 minute');\n\\echo finished\n");
-$node->poll_query_until('postgres', "SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $pid");
+sleeps_in_dlock($node, 'postgres', $pid);
 is($node->safe_psql('postgres', "SELECT dlock.release('w:1', '$oa')"), 't', 'a: the holder releases');
 my $t0 = time();
 like($s->query_until(qr/finished/, ''), qr/^t$/m, 'a: the next acquire gets the key, with a larger token');
@@ -276,7 +273,7 @@ for my $end ('write again', 'commit')
 	$node->poll_query_until('postgres', "SELECT state = 'expired' FROM dlock.lease_status WHERE key = 'w:$k'");
 	my ($a, $apid) = session();
 	$a->query_until(qr/started/, "\\echo started\nSELECT fence > $fh FROM dlock.acquire('w:$k', '1 minute', wait => '1 minute');\n\\echo finished\n");
-	$node->poll_query_until('postgres', "SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $apid");
+	sleeps_in_dlock($node, 'postgres', $apid);
 	sleep 1;
 	is( $node->safe_psql('postgres', "SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = $apid"),
 		'active|Extension', "h ($end): the acquirer waits for the writer's transaction");
@@ -313,8 +310,7 @@ sub queue_up
 	$q->query_safe($pre) if $pre;
 	$q->query_until(qr/started/,
 		"\\echo started\nSELECT '$who', fence FROM dlock.acquire('q', '1 minute');\n\\echo finished\n");
-	$node->poll_query_until('postgres',
-		"SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $qpid");
+	sleeps_in_dlock($node, 'postgres', $qpid);
 	return ($q, $qpid);
 }
 

@@ -22,17 +22,18 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
+use DlockFaults;
 
-my $node = PostgreSQL::Test::Cluster->new('crash');
-$node->init;
 # Cluster.pm turns fsync off; this test is about durability.  The WAL
 # writer is kept from writing WAL in the background for up to 10 s, and
 # autovacuum from committing anything, so that what a crash keeps is what
 # the test's backends flushed themselves.  Part 4 crashes the server by
 # killing one of its processes, after which the postmaster restarts it.
-$node->append_conf('postgresql.conf',
-	"fsync = on\nwal_writer_delay = 10s\nautovacuum = off\nrestart_after_crash = on\n");
-$node->start;
+my $node = dlock_node('crash',
+	conf => "fsync = on\nwal_writer_delay = 10s\nautovacuum = off\nrestart_after_crash = on\n");
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 # Highest fencing token seen by any client so far.
@@ -286,8 +287,7 @@ is( $node->safe_psql(
 	't',
 	'the asynchronous release is visible before the crash');
 
-kill 'KILL', @writers;
-$node->poll_query_until('postgres', 'SELECT 1', '1')
+crash_and_wait($node, @writers)
   or die 'the server did not come back after its writers were killed';
 
 is( $node->safe_psql(

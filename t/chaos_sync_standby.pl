@@ -84,6 +84,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
 use lib $FindBin::RealBin;
+use DlockCluster;
 use DlockFaults;
 use POSIX ();
 use Time::HiRes qw(time usleep);
@@ -106,9 +107,7 @@ sub now_us { return int(time() * 1e6) }
 sub pair
 {
 	my ($mode) = @_;
-	my $p = PostgreSQL::Test::Cluster->new("${mode}_primary");
-	$p->init(allows_streaming => 1);
-	$p->append_conf('postgresql.conf', qq{
+	my $p = dlock_node("${mode}_primary", streaming => 1, conf => qq{
 shared_preload_libraries = 'dlock'
 dlock.storage = $mode
 dlock.horizon_margin = '1s'
@@ -116,7 +115,6 @@ max_connections = 40
 autovacuum = off
 log_statement = ddl
 });
-	$p->start;
 	$p->safe_psql('postgres', q{
 		CREATE EXTENSION dlock;
 		CREATE TABLE probe (i int);
@@ -129,17 +127,8 @@ log_statement = ddl
 			LANGUAGE sql SET synchronous_commit = local
 			AS $$ SELECT dlock.renew(k, o, ttl) $$;
 	});
-	$p->backup('base');
 	my $sname = "${mode}_standby";
-	my $s = PostgreSQL::Test::Cluster->new($sname);
-	$s->init_from_backup($p, 'base', has_streaming => 1);
-	$s->start;
-	$p->append_conf('postgresql.conf', "synchronous_standby_names = '$sname'\n");
-	$p->reload;
-	ok( $p->poll_query_until('postgres', qq{
-			SELECT sync_state = 'sync' FROM pg_stat_replication
-			WHERE application_name = '$sname'}),
-		"$mode: the standby is synchronous");
+	my $s = sync_standby($p, $sname, "$mode: the standby is synchronous");
 	is($p->safe_psql('postgres', 'SHOW dlock.storage'), $mode, "$mode: dlock.storage = $mode");
 	return { mode => $mode, primary => $p, standby => $s, sname => $sname };
 }
@@ -398,20 +387,7 @@ sub nemesis
 	}
 
 	# The workers and probes end with their connections.
-	$deadline = time() + 60;
-	foreach my $pid (@procs)
-	{
-		while (waitpid($pid, POSIX::WNOHANG()) == 0)
-		{
-			if (time() > $deadline)
-			{
-				kill 'KILL', $pid;
-				waitpid($pid, 0);
-				last;
-			}
-			usleep(10_000);
-		}
-	}
+	reap(60, @procs);
 	$bg->quit;
 	$event->('A', 'done');
 	return;
@@ -542,10 +518,7 @@ sub read_ops
 			$op->{waited} = grep { $D[$_] < $op->{inv} && $op->{inv} < ($R[$_] // 0) } 0 .. $#D;
 		}
 		push @ops, @lines;
-		foreach (split /\n/, slurp_file("$dir/$mode.$name.err"))
-		{
-			$errors{$1}++ if /(?:ERROR|FATAL|PANIC):  ([0-9A-Z]{5})$/;
-		}
+		count_sqlstates("$dir/$mode.$name.err", \%errors);
 	}
 	return (\@ops, \%errors);
 }

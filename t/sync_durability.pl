@@ -38,6 +38,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(usleep time);
 
 my $common = q{
@@ -52,26 +55,13 @@ autovacuum = off
 sub pair
 {
 	my ($pname, $sname, $mode) = @_;
-	my $primary = PostgreSQL::Test::Cluster->new($pname);
-	$primary->init(allows_streaming => 1);
-	$primary->append_conf('postgresql.conf', $common . "dlock.storage = $mode\n"
-		  . "dlock.horizon_margin = '1s'\n");
-	$primary->start;
+	my $primary = dlock_node($pname, streaming => 1,
+		conf => $common . "dlock.storage = $mode\n" . "dlock.horizon_margin = '1s'\n");
 	$primary->safe_psql('postgres', q{
 		CREATE EXTENSION dlock;
 		CREATE TABLE probe (i int);
 	});
-	$primary->backup('base');
-	my $standby = PostgreSQL::Test::Cluster->new($sname);
-	$standby->init_from_backup($primary, 'base', has_streaming => 1);
-	$standby->start;
-	$primary->append_conf('postgresql.conf',
-		"synchronous_standby_names = '$sname'\n");
-	$primary->reload;
-	ok( $primary->poll_query_until('postgres', qq{
-			SELECT sync_state = 'sync' FROM pg_stat_replication
-			WHERE application_name = '$sname'}),
-		"$mode: the standby $sname is synchronous");
+	my $standby = sync_standby($primary, $sname, "$mode: the standby $sname is synchronous");
 	return ($primary, $standby);
 }
 
@@ -88,9 +78,9 @@ sub log_tokens_ahead
 sub session
 {
 	my ($node, $setup) = @_;
-	my $s = $node->background_psql('postgres', on_error_stop => 0);
+	my ($s, $pid) = backend_session($node, 'postgres');
 	$s->query_safe($setup) if defined $setup;
-	return ($s, $s->query_safe('SELECT pg_backend_pid()'));
+	return ($s, $pid);
 }
 
 # Send $sql (one line or more, followed by an \echo of 'done') without

@@ -6,10 +6,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('wakeup');
-$node->init;
-$node->start;
+my $node = dlock_node('wakeup');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	CREATE TABLE woken (who text, fence bigint, waited interval);

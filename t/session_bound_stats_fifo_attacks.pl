@@ -24,11 +24,12 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
 # ---- a: not preloaded ----------------------------------------------------
-my $plain = PostgreSQL::Test::Cluster->new('plain');
-$plain->init;
-$plain->start;
+my $plain = dlock_node('plain');
 $plain->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	CREATE ROLE worker LOGIN;
@@ -77,30 +78,18 @@ is($out, "1\nt", 'g: a cap set as "Dlock.Max_Hold" is not lifted either');
 is($out, "1\nt", 'the cap holds after the transaction that loaded dlock rolled back');
 
 # ---- b to f: preloaded ---------------------------------------------------
-my $node = PostgreSQL::Test::Cluster->new('preloaded');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
+my $node = dlock_node('preloaded', conf => qq{
 shared_preload_libraries = 'dlock'
 dlock.stats_max = 100
 });
-$node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
-sub session
-{
-	my $s = $node->background_psql('postgres', on_error_stop => 0);
-	my $pid = $s->query_safe('SELECT pg_backend_pid()');
-	chomp $pid;
-	return ($s, $pid);
-}
+sub session { return backend_session($node, 'postgres') }
 
 sub sleeping
 {
 	my ($pid, $what) = @_;
-	ok( $node->poll_query_until('postgres', qq{
-			SELECT wait_event_type = 'Extension'
-			FROM pg_stat_activity WHERE pid = $pid}),
-		"$what: asleep on its latch");
+	ok(sleeps_in_dlock($node, 'postgres', $pid), "$what: asleep on its latch");
 }
 
 # b. T1 holds its own uncommitted grant and acquires the key again after a

@@ -48,26 +48,14 @@ use FindBin;
 use lib $FindBin::RealBin;
 use DlockFaults;
 
-my $prog = "$ENV{TESTDIR}/chaos/dlock-chaos";
-system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
-
-my $node = PostgreSQL::Test::Cluster->new('chaos');
-$node->init;
-# Cluster.pm turns fsync off; acknowledged commits must survive the crashes.
-# It also turns restart_after_crash off; the nemesis's SIGKILL of a backend
-# is meant to make the postmaster reset the cluster, as in production.
-$node->append_conf('postgresql.conf', "fsync = on\nrestart_after_crash = on\n");
-$node->start;
-my $bindir = $node->config_data('--bindir');
+my $prog = chaos_checker();
+# fsync on, restart_after_crash on (see DlockFaults::chaos_node)
+my $node = chaos_node('chaos');
 
 # Run dlock-chaos with @args; return (exit status, stdout, stderr, counts).
 sub chaos { return run_chaos($prog, $node, @_) }
 
-my @crash = (
-	'--pgdata' => $node->data_dir,
-	'--pg-ctl' => "$bindir/pg_ctl",
-	'--server-log' => $node->logfile,
-	'--crash-every' => 8);
+my @crash = crash_options($node, 8);
 
 my $random_seed = int(rand(2**31));
 foreach my $seed (42, $random_seed)
@@ -79,19 +67,7 @@ foreach my $seed (42, $random_seed)
 		'--keys' => 4,
 		'--seed' => $seed,
 		@crash);
-	is($rc, 0, "seed $seed: dlock-chaos exits 0")
-	  or diag "seed $seed:\n$out\n$err";
-	is($c->{violations}, 0, "seed $seed: no violation");
-	foreach my $count (
-		qw(grants takeovers accepted_writes stale_writes_refused pauses
-		sigstops backend_kills crash_restarts))
-	{
-		cmp_ok($c->{$count} // 0, '>', 0, "seed $seed: $count > 0");
-	}
-	cmp_ok($c->{stale_writes_refused} // 0, '<=', $c->{stale_writes} // 0,
-		"seed $seed: no more stale writes refused than attempted");
-	like($out, qr/checked against the server's expires_at: [1-9]/,
-		"seed $seed: accepted writes checked by the server's clock");
+	check_clean_run("seed $seed", $rc, $out, $err, $c);
 	like($out, qr/checked for exclusion by the server's clock: [1-9]/,
 		"seed $seed: consecutive grants checked for exclusion");
 }
@@ -101,20 +77,7 @@ $node->_update_pid(1);
 is($node->safe_psql('postgres', 'SELECT 1'), '1', 'server up after the runs');
 
 # Without the fencing trigger the same workload must be caught.
-my ($rc, $out, $err, $c) = chaos(
-	'--duration' => 6,
-	'--workers' => 8,
-	'--keys' => 2,
-	'--seed' => 7,
-	'--no-fence');
-is($rc, 1, 'without fencing: dlock-chaos exits 1');
-cmp_ok($c->{violations} // 0, '>', 0, 'without fencing: violations reported');
-like($out, qr/violations: write accepted after its lease expired: [1-9]/,
-	'without fencing: writes accepted after their lease expired reported');
-like(
-	$out,
-	qr/violations: (lost update \(duplicate value\)|write accepted under a superseded lease): [1-9]/,
-	'without fencing: lost updates or writes under a superseded lease reported');
+check_no_fence_run($prog, $node, 'without fencing');
 
 # Each check fires when its property is really broken (--sabotage).
 # Worker 0's sabotaged write must not be cut off by the nemesis: at most
@@ -123,8 +86,8 @@ my @quiet = ('--nemesis-every' => 60000);
 # (No 'setval' sabotage since dlock 0.6: it set dlock.fence_seq back, which
 # no longer moves the tokens, drawn from dlock.token_seq; setting both back
 # makes the next grant of each key fail with 55000 instead of reissuing a
-# token, which t/026 checks.  The checker's own "token reissued" check has
-# no sabotage that can reach it any more.)
+# token, which t/restore_recreate checks.  The checker's own "token
+# reissued" check has no sabotage that can reach it any more.)
 my @sabotages = (
 	[
 		'delete-history,forge-history,server-log',
@@ -153,16 +116,7 @@ my @sabotages = (
 foreach my $s (@sabotages)
 {
 	my ($kind, $args, @expect) = @$s;
-	my ($rc, $out, $err, $c) = chaos(
-		'--workers' => 2,
-		'--keys' => 4,
-		'--sabotage' => $kind,
-		@$args);
-	is($rc, 1, "sabotage $kind: dlock-chaos exits 1")
-	  or diag "sabotage $kind:\n$out\n$err";
-	like($out, qr/^dlock-chaos: violations: \Q$_\E: [1-9]/m,
-		"sabotage $kind: \"$_\" reported")
-	  foreach @expect;
+	check_sabotage_run($prog, $node, "sabotage $kind", $kind, $args, @expect);
 }
 
 $node->stop;

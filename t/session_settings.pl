@@ -15,11 +15,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('session_settings');
-$node->init;
-$node->append_conf('postgresql.conf', 'max_prepared_transactions = 2');
-$node->start;
+my $node = dlock_node('session_settings', conf => 'max_prepared_transactions = 2');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	CREATE ROLE plain LOGIN;
@@ -273,7 +273,7 @@ $node->pgbench(
 	[qr{^$}],
 	'4 SERIALIZABLE clients acquire 3 keys with 20 ms leases: no serialization failures',
 	{
-		'008_serializable' => q{
+		'serializable' => q{
 \set k random(1, 3)
 BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT fence FROM dlock.acquire('ser:' || :k, '20 milliseconds', wait => '2 seconds');

@@ -35,16 +35,17 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
+use DlockFaults;
 use POSIX qw(ceil);
 
-my $node = PostgreSQL::Test::Cluster->new('operate');
-$node->init;
-$node->append_conf('postgresql.conf', q{
+my $node = dlock_node('operate', conf => q{
 shared_preload_libraries = 'dlock'
 dlock.stats_max = 100
 restart_after_crash = on
 });
-$node->start;
 
 # A waiter that is woken gets its grant within this many seconds (in
 # practice well under 0.1 s; a waiter that is not woken sleeps until its
@@ -59,15 +60,6 @@ my $tables = q{
 	CREATE TABLE marks (what text, at timestamptz);
 };
 $node->safe_psql('postgres', $tables);
-
-# Open a session on $db; return it and its backend's pid.
-sub session
-{
-	my ($n, $db) = @_;
-	my $s = $n->background_psql($db, on_error_stop => 0);
-	my $pid = $s->query_safe('SELECT pg_backend_pid()');
-	return ($s, $pid);
-}
 
 # Grant $key (SQL literal) in session $s with extra arguments $args;
 # return owner and fence.
@@ -84,15 +76,13 @@ sub grant_in
 sub start_waiter
 {
 	my ($n, $db, $who, $key, $wait) = @_;
-	my ($s, $pid) = session($n, $db);
+	my ($s, $pid) = backend_session($n, $db);
 	$s->query_until(qr/waiting/, qq{
 		\\echo waiting
 		INSERT INTO woken SELECT '$who', fence, clock_timestamp()
 		FROM dlock.acquire('$key', '1 hour', wait => $wait);
 	});
-	ok( $n->poll_query_until($db, qq{
-			SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $pid}),
-		"$who: asleep in acquire()");
+	ok(sleeps_in_dlock($n, $db, $pid), "$who: asleep in acquire()");
 	return ($s, $pid);
 }
 
@@ -144,7 +134,7 @@ sub status
 
 # a1. A terminated holder's lease is dead at once; the next grant is a
 # takeover with a larger token, counted as such.
-my ($h, $hpid) = session($node, 'postgres');
+my ($h, $hpid) = backend_session($node, 'postgres');
 my ($owner, $fence) = grant_in($h, "'sb'", ', session_bound => true');
 like($fence, qr/^\d+$/, 'a1: session-bound lease granted');
 is( $node->safe_psql('postgres', qq{
@@ -172,7 +162,7 @@ $h->quit;
 foreach my $how ('terminated', 'disconnected')
 {
 	my $key = "w-$how";
-	($h, $hpid) = session($node, 'postgres');
+	($h, $hpid) = backend_session($node, 'postgres');
 	($owner, $fence) = grant_in($h, "'$key'", ', session_bound => true');
 	my ($w, $wpid) = start_waiter($node, 'postgres', $how, $key, "'60 seconds'");
 	mark($node, 'postgres', $how);
@@ -195,7 +185,7 @@ foreach my $how ('terminated', 'disconnected')
 foreach my $reset ('DISCARD ALL', 'SELECT pg_advisory_unlock_all()')
 {
 	my $tag = $reset =~ /DISCARD/ ? 'discard' : 'unlock_all';
-	($h, $hpid) = session($node, 'postgres');
+	($h, $hpid) = backend_session($node, 'postgres');
 	my ($o1, $f1) = grant_in($h, "'$tag-1'", ', session_bound => true');
 	my ($o2, $f2) = grant_in($h, "'$tag-2'", ', session_bound => true');
 	my ($o3, $f3) = grant_in($h, "'$tag-3'", '');
@@ -232,7 +222,7 @@ foreach my $reset ('DISCARD ALL', 'SELECT pg_advisory_unlock_all()')
 
 # a5. A session-bound lease may be renewed and released from another
 # connection; renewing elsewhere does not move it off its connection.
-($h, $hpid) = session($node, 'postgres');
+($h, $hpid) = backend_session($node, 'postgres');
 my ($or, $fr) = grant_in($h, "'sr-1'", ', session_bound => true');
 my ($ol, $fl) = grant_in($h, "'sr-2'", ', session_bound => true');
 is( $node->safe_psql('postgres', qq{
@@ -253,7 +243,7 @@ is( $node->safe_psql('postgres', qq{
 	't', 'a5: and cannot be renewed any more');
 
 # a6. A lease that is not session-bound survives its connection.
-($h, $hpid) = session($node, 'postgres');
+($h, $hpid) = backend_session($node, 'postgres');
 my ($on, $fn) = grant_in($h, "'ns'", '');
 terminate($node, 'postgres', $hpid);
 $h->quit;
@@ -265,7 +255,7 @@ is( $node->safe_psql('postgres', qq{
 
 # a7. A session-bound lease granted with a lock delay is free at once when
 # its connection ends (the delay is for a holder that may still be at work).
-($h, $hpid) = session($node, 'postgres');
+($h, $hpid) = backend_session($node, 'postgres');
 my ($od, $fd) = grant_in($h, "'sbd'", ", lock_delay => '1 hour', session_bound => true");
 terminate($node, 'postgres', $hpid);
 $h->quit;
@@ -276,15 +266,12 @@ is( $node->safe_psql('postgres', qq{
 # a8. A backend crash: the server restarts, the crashed holder's
 # session-bound lease is dead, and the next grant draws a larger token.
 # The counters are gone with the crash.
-($h, $hpid) = session($node, 'postgres');
+($h, $hpid) = backend_session($node, 'postgres');
 my ($oc, $fc) = grant_in($h, "'crash'", ', session_bound => true');
 my ($ocn, $fcn) = grant_in($h, "'crash-ns'", '');
 isnt($node->safe_psql('postgres', 'SELECT acquired FROM dlock.stats WHERE key IS NULL'),
 	'0', 'a8: grants counted before the crash');
-my $log_offset = -s $node->logfile;
-kill 'KILL', $hpid;
-$node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
-ok($node->poll_query_until('postgres', 'SELECT 1', '1'), 'a8: the server restarted after the crash');
+ok(crash_and_wait($node, $hpid), 'a8: the server restarted after the crash');
 $h->quit;
 is(status($node, 'postgres', "'crash'"), 'expired|t|f',
 	"a8: after the crash, the crashed connection's session-bound lease is dead");
@@ -356,12 +343,12 @@ my $sqlkey = q{'we "ird\key' || chr(10) || 'end'};
 my $perlkey = qq{we "ird\\key\nend};
 $node->safe_psql('logdb', qq{SELECT count(*) FROM dlock.try_acquire($sqlkey || '-off', '1 hour')});
 $node->safe_psql('logdb', 'ALTER DATABASE logdb SET dlock.log_events = on');
-$log_offset = -s $node->logfile;
+my $log_offset = -s $node->logfile;
 
 my ($lo1, $lf1) = split /\|/, $node->safe_psql('logdb', qq{
 	SELECT owner, fence FROM dlock.try_acquire($sqlkey, '1 hour', holder => 'h "1"\\')});
 $node->safe_psql('logdb', "SELECT dlock.release($sqlkey, '$lo1')");
-($h, $hpid) = session($node, 'logdb');
+($h, $hpid) = backend_session($node, 'logdb');
 my ($lo2, $lf2) = grant_in($h, $sqlkey, ', session_bound => true');
 terminate($node, 'logdb', $hpid);
 $h->quit;
@@ -491,7 +478,7 @@ my (@w, @wpid);
 my $warm_up = "SELECT dlock.release('warm', owner) FROM dlock.try_acquire('warm', '1 hour')";
 foreach my $i (1 .. $nwaiters)
 {
-	my ($s, $pid) = session($node, 'fifo');
+	my ($s, $pid) = backend_session($node, 'fifo');
 	$s->query_safe($warm_up);
 	$s->query_until(qr/queued/, qq{
 		\\echo queued
@@ -500,8 +487,7 @@ foreach my $i (1 .. $nwaiters)
 		SELECT clock_timestamp() AS r, dlock.release('q', :'o') AS ok \\gset
 		INSERT INTO handoff VALUES ($i, :f, :'t', :'r');
 	});
-	$node->poll_query_until('fifo', qq{
-		SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $pid})
+	sleeps_in_dlock($node, 'fifo', $pid)
 	  or die "waiter $i did not go to sleep";
 	push @w, $s;
 	push @wpid, $pid;
@@ -572,15 +558,14 @@ $_->quit for @w;
 my (@q2, @q2pid);
 foreach my $i (1 .. 4)
 {
-	my ($s, $pid) = session($node, 'fifo');
+	my ($s, $pid) = backend_session($node, 'fifo');
 	$s->query_until(qr/queued/, qq{
 		\\echo queued
 		SELECT owner AS o, fence AS f FROM dlock.acquire('q2', '1 hour', wait => '30 s') \\gset
 		INSERT INTO handoff VALUES (100 + $i, :f, clock_timestamp(), clock_timestamp());
 		SELECT dlock.release('q2', :'o');
 	});
-	$node->poll_query_until('fifo', qq{
-		SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $pid})
+	sleeps_in_dlock($node, 'fifo', $pid)
 	  or die "waiter $i on q2 did not go to sleep";
 	push @q2, $s;
 	push @q2pid, $pid;
@@ -608,9 +593,7 @@ $node->stop;
 # Without preloading: no queues, no counters, but acquire() waits for and
 # gets a released key, and session-bound leases work.
 #
-my $plain = PostgreSQL::Test::Cluster->new('plain');
-$plain->init;
-$plain->start;
+my $plain = dlock_node('plain');
 $plain->safe_psql('postgres', $tables);
 ($ho, $hf) = split /\|/, $plain->safe_psql('postgres',
 	"SELECT owner, fence FROM dlock.try_acquire('p', '1 hour')");
@@ -623,7 +606,7 @@ note "not preloaded: waiter granted ${lat}s after the release";
 ok($lat ne '' && $lat < $quick, 'not preloaded: the waiter got the key soon after the release');
 $pw->quit;
 
-($h, $hpid) = session($plain, 'postgres');
+($h, $hpid) = backend_session($plain, 'postgres');
 ($owner, $fence) = grant_in($h, "'psb'", ', session_bound => true');
 my ($pw2, $pw2pid) = start_waiter($plain, 'postgres', 'plain-sb', 'psb', "'60 seconds'");
 terminate($plain, 'postgres', $hpid);

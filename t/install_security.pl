@@ -26,10 +26,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('install');
-$node->init;
-$node->start;
+my $node = dlock_node('install');
 my $admin = $node->safe_psql('postgres', 'SELECT current_user');
 $node->safe_psql('postgres', 'CREATE ROLE squatter LOGIN');
 
@@ -41,14 +42,8 @@ my @as_squatter = (extra_params => [ '-U', 'squatter' ]);
 sub run_sql
 {
 	my ($db, $sql, @params) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql(
-		$db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out,
-		stderr => \$err,
-		@params);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $err);
+	my ($state, undef, $err) = try_sql($node, $db, $sql, @params);
+	return ($state, $err);
 }
 
 # The output of $sql in database $db, up to its first error if any.

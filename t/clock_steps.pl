@@ -48,6 +48,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 use Time::HiRes qw(time usleep);
 
 my ($libfaketime) = grep { defined && -e } $ENV{LIBFAKETIME},
@@ -178,12 +181,7 @@ sub writes
 }
 
 # Open a session; return it and its backend's pid.
-sub session
-{
-	my $s = $node->background_psql('postgres', on_error_stop => 0);
-	my $pid = $s->query_safe('SELECT pg_backend_pid()');
-	return ($s, $pid);
-}
+sub session { return backend_session($node, 'postgres') }
 
 # Run $sql in background session $s; return what it printed on stderr
 # (the SQLSTATE of an error).
@@ -209,9 +207,7 @@ sub start_waiter
 		\\echo waiting
 		SELECT waiter('$who', '$key', $wait);
 	});
-	ok( $node->poll_query_until('postgres', qq{
-			SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = $pid}),
-		"$who sleeps in acquire");
+	ok(sleeps_in_dlock($node, 'postgres', $pid), "$who sleeps in acquire");
 	return ($s, $pid);
 }
 

@@ -1,12 +1,14 @@
 # Memory mode (dlock.storage = memory) under the fault tools of issue 9: the
-# chaos checker and the kill -9 loop, on servers configured as in t/013 and
-# t/014 plus shared_preload_libraries = 'dlock', dlock.storage = memory and
-# dlock.horizon_margin = 500ms (so that the wait after each crash, until the
-# horizon, stays under about a second).
+# chaos checker and the kill -9 loop, on servers configured as in
+# t/chaos_table_mode and t/kill9_loop plus shared_preload_libraries =
+# 'dlock', dlock.storage = memory and dlock.horizon_margin = 500ms (so that
+# the wait after each crash, until the horizon, stays under about a
+# second).
 #
 # 1. dlock-chaos (chaos/README.md) for 30 s with seed 42, crash-restarts
-#    included (a crash every 2.5-7.5 s, more often than t/013's 4-12 s:
-#    each one drops every lease): exit 0, no violation, and counts
+#    included (a crash every 2.5-7.5 s, more often than
+#    t/chaos_table_mode's 4-12 s: each one drops every lease): exit 0, no
+#    violation, and counts
 #    showing that the faults really happened (grants, takeovers, accepted
 #    writes, refused stale writes, pauses, SIGSTOPs, backend terminations,
 #    crash-restarts) and that accepted writes were checked against the
@@ -37,18 +39,18 @@
 #    outlives the restart, so that the horizon is still there when the
 #    server is back).  No forged
 #    token may be accepted; some must have been presented during the
-#    horizon.  (dlock 0.5 accepted token 0 there; t/027 shows the check
-#    going red, on 0.5 and with --sabotage=forge.)
+#    horizon.  (dlock 0.5 accepted token 0 there; t/chaos_mode_switch shows
+#    the check going red, on 0.5 and with --sabotage=forge.)
 #    Part 2 checks the horizon with its own probe, after kill -9.
 #
-# 2. The kill -9 loop of t/014, 60 cycles (DLOCK_KILL9_CYCLES), with the
-#    same four kinds of psql clients (A: autocommit with synchronous_commit
+# 2. The kill -9 loop of t/kill9_loop, 60 cycles (DLOCK_KILL9_CYCLES), with
+#    the same four kinds of psql clients (A: autocommit with synchronous_commit
 #    on, B: the same with it off, O: one transaction of grants that never
 #    commits, X: short transaction blocks ending in COMMIT or ROLLBACK) and
 #    the same kills (the postmaster, or a random child of it).  The clients
 #    keep each lease's owner in a session variable (dlock.leases is empty in
 #    memory mode) to renew and release it.  Shared keys get TTLs of 20-300
-#    ms; keys of their own (t/014's hour-long leases) 100-600 ms, since
+#    ms; keys of their own (t/kill9_loop's hour-long leases) 100-600 ms, since
 #    after a crash no key is granted before every lease could have ended.
 #    After every restart a probe tries, again and again, to grant 'probe',
 #    every key of its own acknowledged before the kill and every shared key
@@ -56,7 +58,7 @@
 #
 #    * tokens: every token granted after the restart (by the probe and by
 #      the next cycle's clients) is greater than every token any client
-#      received before it (t/014's check, unchanged);
+#      received before it (t/kill9_loop's check, unchanged);
 #    * exclusion: no key is granted before the end (by the server's clock:
 #      the expires_at of its last acknowledged grant or renewal) of any
 #      lease of it that a client in autocommit mode (A, B: synchronous
@@ -69,7 +71,7 @@
 #      so after a crash the acknowledged end still holds);
 #    * the acknowledged leases of their own are gone after the restart:
 #      their owners' renewals return NULL (README: leases do not survive a
-#      restart), where t/014 expects them to still be held;
+#      restart), where t/kill9_loop expects them to still be held;
 #    * grants resume: the probe gets every key, and its first grant comes
 #      at the latest 1 s after (the moment the old server's last process
 #      was gone + the longest TTL + dlock.horizon_margin) or after its first
@@ -112,28 +114,17 @@ my $t_start = time();
 #
 # Part 1: the chaos checker.
 #
-my $prog = "$ENV{TESTDIR}/chaos/dlock-chaos";
-system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
+my $prog = chaos_checker();
 
-my $node = PostgreSQL::Test::Cluster->new('chaos_mem');
-$node->init;
-# As in t/013: fsync on, and the postmaster resets the cluster after a
-# backend's SIGKILL.
-$node->append_conf('postgresql.conf',
-	"fsync = on\nrestart_after_crash = on\n" . $memory_conf);
-$node->start;
-my $bindir = $node->config_data('--bindir');
+# As in t/chaos_table_mode, plus memory mode.
+my $node = chaos_node('chaos_mem', $memory_conf);
 is($node->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'chaos server: memory mode');
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 # Run dlock-chaos with @args; return (exit status, stdout, stderr, counts).
 sub chaos { return run_chaos($prog, $node, @_) }
 
-my @crash = (
-	'--pgdata' => $node->data_dir,
-	'--pg-ctl' => "$bindir/pg_ctl",
-	'--server-log' => $node->logfile,
-	'--crash-every' => 5);
+my @crash = crash_options($node, 5);
 
 {
 	my $seed = 42;
@@ -146,19 +137,7 @@ my @crash = (
 		'--forge',
 		@crash);
 	note sprintf('chaos run: %.1f s', time() - $t0);
-	is($rc, 0, "memory mode, seed $seed: dlock-chaos exits 0")
-	  or diag "seed $seed:\n$out\n$err";
-	is($c->{violations}, 0, "memory mode, seed $seed: no violation");
-	foreach my $count (
-		qw(grants takeovers accepted_writes stale_writes_refused pauses
-		sigstops backend_kills crash_restarts))
-	{
-		cmp_ok($c->{$count} // 0, '>', 0, "memory mode, seed $seed: $count > 0");
-	}
-	cmp_ok($c->{stale_writes_refused} // 0, '<=', $c->{stale_writes} // 0,
-		"memory mode, seed $seed: no more stale writes refused than attempted");
-	like($out, qr/checked against the server's expires_at: [1-9]/,
-		"memory mode, seed $seed: accepted writes checked by the server's clock");
+	check_clean_run("memory mode, seed $seed", $rc, $out, $err, $c);
 	# Exclusion of grants, across the crashes (the horizon) too.
 	my ($pairs, $across) =
 	  $out =~ /checked for exclusion by the server's clock: (\d+) \(.*?a crash-restart between, the first live at the crash: (\d+);/;
@@ -195,47 +174,27 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM dlock.leases'), '0',
 {
 	my $deadline = time() + 30;
 	while (time() < $deadline
-		&& $node->safe_psql('postgres', "SELECT count(*) FROM dlock.try_acquire('t021-horizon', '1 ms')") ne '1')
+		&& $node->safe_psql('postgres', "SELECT count(*) FROM dlock.try_acquire('horizon-passed', '1 ms')") ne '1')
 	{
 		usleep(100_000);
 	}
 }
 
 # Not vacuous in memory mode: without the fencing trigger the workload is
-# caught, and so are tokens drawn again after the sequence is set back.
-{
-	my ($rc, $out, $err, $c) = chaos(
-		'--duration' => 6,
-		'--workers' => 8,
-		'--keys' => 2,
-		'--seed' => 7,
-		'--no-fence');
-	is($rc, 1, 'memory mode, without fencing: dlock-chaos exits 1');
-	cmp_ok($c->{violations} // 0, '>', 0, 'memory mode, without fencing: violations reported');
-	like($out, qr/violations: write accepted after its lease expired: [1-9]/,
-		'memory mode, without fencing: writes accepted after their lease expired reported');
-	like(
-		$out,
-		qr/violations: (lost update \(duplicate value\)|write accepted under a superseded lease): [1-9]/,
-		'memory mode, without fencing: lost updates or writes under a superseded lease reported');
-}
+# caught.
+check_no_fence_run($prog, $node, 'memory mode, without fencing');
 # (No --sabotage=setval since dlock 0.6: setting dlock.fence_seq back no
-# longer moves the tokens; see t/013 and t/026.)
-{
-	# A live lease dropped with dlock.forget, the key granted again at once:
-	# the exclusion check must see it (the nemesis nearly idle, as in t/013).
-	my ($rc, $out, $err, $c) = chaos(
-		'--duration' => 3,
-		'--workers' => 2,
-		'--keys' => 4,
-		'--nemesis-every' => 60000,
-		'--sabotage' => 'steal');
-	is($rc, 1, 'memory mode, sabotage steal: dlock-chaos exits 1')
-	  or diag "sabotage steal:\n$out\n$err";
-	like($out,
-		qr/^dlock-chaos: violations: key granted while an acknowledged lease of it was live \(server clock\): [1-9]/m,
-		'memory mode, sabotage steal: "key granted while an acknowledged lease of it was live" reported');
-}
+# longer moves the tokens; see t/chaos_table_mode and t/restore_recreate.)
+# A live lease dropped with dlock.forget, the key granted again at once:
+# the exclusion check must see it (the nemesis nearly idle, as in
+# t/chaos_table_mode).
+check_sabotage_run(
+	$prog, $node, 'memory mode, sabotage steal', 'steal',
+	[ '--duration' => 3, '--nemesis-every' => 60000 ],
+	[
+		'key granted while an acknowledged lease of it was live (server clock)',
+		'key granted while an acknowledged lease of it was live'
+	]);
 $node->stop;
 note sprintf('part 1 (chaos): %.1f s', time() - $t_start);
 
@@ -243,62 +202,18 @@ note sprintf('part 1 (chaos): %.1f s', time() - $t_start);
 # Part 2: the kill -9 loop.
 #
 my $t_part2 = time();
-my $cycles = $ENV{DLOCK_KILL9_CYCLES} // 60;
-my $seed = $ENV{DLOCK_KILL9_SEED} // (time() * 1000 + $$) % 1000000;
-srand($seed);
-note "cycles: $cycles, seed: $seed (DLOCK_KILL9_SEED=$seed reproduces the choices)";
+my $cycles = DlockFaults::Kill9Loop::seeded_cycles(60);
 
-my $nclients = 4;
 my $nkeys = 50;
-my $script_len = 3000;
 my @shared_ttl = (20, 300);    # ms
 my @own_ttl = (100, 600);      # ms
 my $max_ttl_ms = max($shared_ttl[1], $own_ttl[1]);
 
-my $kn = PostgreSQL::Test::Cluster->new('kill9_mem');
-$kn->init;
-# As in t/014, plus memory mode.
-$kn->append_conf('postgresql.conf', q{
-fsync = on
-wal_writer_delay = 10s
-restart_after_crash = on
-shared_buffers = 8MB
-wal_buffers = 4MB
-max_connections = 20
-autovacuum = off
-log_min_messages = warning
-log_statement = none
-recovery_init_sync_method = syncfs
-log_connections = off
-log_disconnections = off
-} . $memory_conf);
-$bindir = $kn->config_data('--bindir');
-start_postmaster($kn, 'kill9_mem');
-$kn->safe_psql('postgres', 'CREATE EXTENSION dlock');
-is($kn->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'kill -9 server: memory mode');
-
-my $dir = PostgreSQL::Test::Utils::tempdir;
-my @psql = ("$bindir/psql", '-X', '-A', '-t', '-q', '-d', $kn->connstr('postgres'));
-
-# Figures.
-my %kills = (postmaster => 0, backend => 0, other => 0);
-my ($grants, $checked, $token_violations) = (0, 0, 0);
-my ($keys_checked, $keys_live, $excl_violations, $horizon_violations) = (0, 0, 0, 0);
-my ($own_checked, $own_renewed) = (0, 0);
-my ($tries, $tries_refused, $cycles_waited, $late_cycles) = (0, 0, 0, 0);
-my @waits;    # per cycle: ms from the kill to the probe's first grant
-my $orphans_killed = 0;
-my %grants_by_kind;
-my @violation_examples;
-my %errors;    # SQLSTATE => how many times clients got it
-
-# The largest token any client has received so far.
-my $max_received = 0;
-
 # SQL for a lease's expires_at in microseconds since the Unix epoch.
 sub us { return "(extract(epoch FROM $_[0]) * 1000000)::bigint" }
 
-# A client's script of kind $kind (see t/014).  Output lines:
+# The clients' statements (the kinds of t/kill9_loop, whose scripts
+# DlockFaults::Kill9Loop writes).  Output lines:
 #   g|key|fence|end     a grant of a shared key (or, for O, a key of its own)
 #   r|key|fence|end     a renewal (end empty: lost)
 #   x|key|fence|t/f     a release
@@ -307,88 +222,54 @@ sub us { return "(extract(epoch FROM $_[0]) * 1000000)::bigint" }
 # owner and token of the client's latest grant of a shared key k are kept
 # in the session variable dlock_t.k ("owner token"); set_config() in a
 # transaction is undone by its rollback, like the grant.
-sub client_script
+sub statement
 {
-	my ($kind) = @_;
-	my @s;
-	my $n = 0;
-	my $shared = sub {
-		my $key = 'k' . int(rand($nkeys));
-		my $ttl = ($shared_ttl[0] + int(rand($shared_ttl[1] - $shared_ttl[0]))) . ' ms';
-		my $r = rand();
-		my $keep = "substr(set_config('dlock_t.$key', owner::text || ' ' || fence, false), 1, 0)";
-		my $mine = "FROM current_setting('dlock_t.$key', true) AS v WHERE v <> ''";
-		if ($r < 0.70)
-		{
-			return "SELECT 'g', key, fence || '|' || " . us('expires_at') . " || $keep FROM dlock.try_acquire('$key', '$ttl', holder => :'c');";
-		}
-		elsif ($r < 0.78)
-		{
-			return "SELECT 'g', key, fence || '|' || " . us('expires_at') . " || $keep FROM dlock.acquire('$key', '$ttl', wait => '5 ms', holder => :'c');";
-		}
-		elsif ($r < 0.90)
-		{
-			return "SELECT 'r', '$key', split_part(v, ' ', 2) || '|' || coalesce(" . us("dlock.renew('$key', split_part(v, ' ', 1)::uuid, '$ttl')") . "::text, '') $mine;";
-		}
-		else
-		{
-			return "SELECT 'x', '$key', split_part(v, ' ', 2) || '|' || dlock.release('$key', split_part(v, ' ', 1)::uuid) $mine;";
-		}
-	};
-
-	push @s, '\\set VERBOSITY sqlstate';
-	push @s, 'SET synchronous_commit = ' . ($kind eq 'A' ? 'on' : 'off') . ';';
-	if ($kind eq 'A' || $kind eq 'B')
+	my ($what, $n) = @_;
+	if ($what eq 'own')
 	{
-		while (@s < $script_len)
-		{
-			if (rand() < 0.05)
-			{
-				$n++;
-				my $ttl = ($own_ttl[0] + int(rand($own_ttl[1] - $own_ttl[0]))) . ' ms';
-				push @s,
-				  "SELECT 'L', key, owner, fence || '|' || " . us('expires_at') . " FROM dlock.try_acquire('L' || :'cycle' || :'c' || '-$n', '$ttl', holder => :'c');";
-			}
-			else
-			{
-				push @s, $shared->();
-			}
-		}
+		my $ttl = ($own_ttl[0] + int(rand($own_ttl[1] - $own_ttl[0]))) . ' ms';
+		return "SELECT 'L', key, owner, fence || '|' || " . us('expires_at') . " FROM dlock.try_acquire('L' || :'cycle' || :'c' || '-$n', '$ttl', holder => :'c');";
 	}
-	elsif ($kind eq 'O')
+	return "SELECT 'g', key, fence || '|' || " . us('expires_at') . " FROM dlock.try_acquire('T' || :'c' || '-$n', '1 ms', holder => :'c');"
+	  if $what eq 'open';
+	my $key = 'k' . int(rand($nkeys));
+	my $ttl = ($shared_ttl[0] + int(rand($shared_ttl[1] - $shared_ttl[0]))) . ' ms';
+	my $r = rand();
+	my $keep = "substr(set_config('dlock_t.$key', owner::text || ' ' || fence, false), 1, 0)";
+	my $mine = "FROM current_setting('dlock_t.$key', true) AS v WHERE v <> ''";
+	if ($r < 0.70)
 	{
-		push @s, 'BEGIN;';
-		while (@s < $script_len)
-		{
-			my $j = int(rand(40));
-			push @s,
-			  "SELECT 'g', key, fence || '|' || " . us('expires_at') . " FROM dlock.try_acquire('T' || :'c' || '-$j', '1 ms', holder => :'c');";
-		}
+		return "SELECT 'g', key, fence || '|' || " . us('expires_at') . " || $keep FROM dlock.try_acquire('$key', '$ttl', holder => :'c');";
+	}
+	elsif ($r < 0.78)
+	{
+		return "SELECT 'g', key, fence || '|' || " . us('expires_at') . " || $keep FROM dlock.acquire('$key', '$ttl', wait => '5 ms', holder => :'c');";
+	}
+	elsif ($r < 0.90)
+	{
+		return "SELECT 'r', '$key', split_part(v, ' ', 2) || '|' || coalesce(" . us("dlock.renew('$key', split_part(v, ' ', 1)::uuid, '$ttl')") . "::text, '') $mine;";
 	}
 	else
 	{
-		while (@s < $script_len)
-		{
-			push @s, 'BEGIN;';
-			push @s, $shared->() foreach 1 .. 1 + int(rand(4));
-			push @s, rand() < 0.7 ? 'COMMIT;' : 'ROLLBACK;';
-		}
+		return "SELECT 'x', '$key', split_part(v, ' ', 2) || '|' || dlock.release('$key', split_part(v, ' ', 1)::uuid) $mine;";
 	}
-	return join("\n", @s) . "\n";
 }
 
-my %scripts;
-foreach my $kind (qw(A B O X))
-{
-	foreach my $i (1 .. 4)
-	{
-		my $file = "$dir/$kind$i.sql";
-		open(my $f, '>', $file) or die "cannot write $file: $!";
-		print $f client_script($kind);
-		close($f);
-		push @{ $scripts{$kind} }, $file;
-	}
-}
+# As in t/kill9_loop, plus memory mode.
+my $loop = DlockFaults::Kill9Loop->new(
+	name => 'kill9_mem',
+	conf => $memory_conf,
+	clients => 4,
+	statement => \&statement);
+my $kn = $loop->{node};
+is($kn->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'kill -9 server: memory mode');
+$loop->write_scripts;
+
+# Figures.
+my ($keys_checked, $keys_live, $excl_violations, $horizon_violations) = (0, 0, 0, 0);
+my ($own_checked, $own_renewed) = (0, 0);
+my ($tries, $tries_refused, $cycles_waited, $late_cycles) = (0, 0, 0, 0);
+my @waits;    # per cycle: ms from the kill to the probe's first grant
 
 # Tokens in a client's output; with $leases (autocommit clients only), the
 # acknowledged leases too: "key|fence" => end (us), deleted when released;
@@ -422,23 +303,7 @@ sub parse_output
 	return;
 }
 
-# Check tokens granted after a restart against everything received before.
-sub check_tokens
-{
-	my ($what, @tokens) = @_;
-	foreach my $t (@tokens)
-	{
-		$checked++;
-		next if $t > $max_received;
-		$token_violations++;
-		push @violation_examples, "$what: token $t <= $max_received received before the restart"
-		  if @violation_examples < 10;
-	}
-	return;
-}
-
 my $loop_start = time();
-my $restart_time = 0;    # from the kill until the checks after the restart
 my $probe_blocks = 1500;    # tries, 10 ms apart at least, before giving up
 
 # One cycle: clients, a kill, the restart, the probe and its checks.  With
@@ -448,43 +313,20 @@ my $probe_blocks = 1500;    # tries, 10 ms apart at least, before giving up
 sub cycle
 {
 	my ($cycle, $sabotage) = @_;
-	my (@h, @kinds);
-	for my $c (0 .. $nclients - 1)
-	{
-		my $kind = (qw(A B O X))[ int(rand(4)) ];
-		push @kinds, $kind;
-		my $script = $scripts{$kind}[ int(rand(@{ $scripts{$kind} })) ];
-		unlink "$dir/c$c.out", "$dir/c$c.err";
-		push @h,
-		  spawn("$dir/c$c.out", "$dir/c$c.err", @psql,
-			'-v', "c=c$c", '-v', "cycle=$cycle-", '-f', $script);
-	}
-
-	usleep(10_000 + int(rand(140_000)));
-
-	# Kill (as in t/014).
-	my $t0 = time();
-	$orphans_killed += kill_random($kn, $nclients, \%kills);
-	# Every process of the old server is gone: nothing was granted after.
-	my $t_gone = time();
-
-	waitpid($_, 0) foreach @h;
+	# The clients and the kill (as in t/kill9_loop).
 	my (@tokens, %leases, @own);
-	for my $c (0 .. $nclients - 1)
+	foreach my $client ($loop->clients_until_kill($cycle))
 	{
-		my $out = slurp_file("$dir/c$c.out");
-		foreach (split /\n/, slurp_file("$dir/c$c.err"))
-		{
-			$errors{$1}++ if /(?:ERROR|FATAL|PANIC):  ([0-9A-Z]{5})$/;
-		}
 		my $n = @tokens;
-		my $auto = $kinds[$c] eq 'A' || $kinds[$c] eq 'B';
-		parse_output($out, \@tokens, $auto ? \%leases : undef, $auto ? \@own : undef);
-		$grants_by_kind{ $kinds[$c] } += @tokens - $n;
+		my $auto = $client->{kind} eq 'A' || $client->{kind} eq 'B';
+		parse_output($client->{out}, \@tokens, $auto ? \%leases : undef, $auto ? \@own : undef);
+		$loop->count_grants($client->{kind}, @tokens - $n);
 	}
-	$grants += @tokens;
-	check_tokens("cycle $cycle clients", @tokens) if $cycle > 1;
-	foreach (@tokens) { $max_received = $_ if $_ > $max_received }
+	# $t0: the kill; $t_gone: every process of the old server was gone,
+	# nothing was granted after it.
+	my ($t0, $t_gone) = @{$loop}{qw(t0 t_gone)};
+	$loop->check_tokens("cycle $cycle clients", @tokens) if $cycle > 1;
+	$loop->received(@tokens);
 
 	# The end of the acknowledged, unreleased leases, per key and overall.
 	my %end;
@@ -494,8 +336,6 @@ sub cycle
 		$end{$k} = max($end{$k} // 0, $leases{$kf});
 	}
 	my $latest_end = max(0, values %end);
-
-	start_postmaster($kn, 'kill9_mem') unless defined $kn->{_pid};
 
 	# The probe: the renewals of the acknowledged leases of their own (gone
 	# with the restart), then tries to grant every key with an acknowledged
@@ -523,27 +363,7 @@ sub cycle
 	  . "\\echo a|:at|:n\n\\echo :lines\n\\if :done\n\\echo done\n\\q\n\\endif\n"
 	  . "SELECT pg_sleep(0.01) \\gset\n";
 	$sql .= $block x $probe_blocks;
-	my $vsql = "$dir/verify.sql";
-	open(my $f, '>', $vsql) or die "cannot write $vsql: $!";
-	print $f $sql;
-	close($f);
-	my $out;
-	my $deadline = time() + 60;
-	while (1)
-	{
-		wait_ready($kn);
-		unlink "$dir/verify.out", "$dir/verify.err";
-		my $pid = spawn("$dir/verify.out", "$dir/verify.err", @psql, '-f', $vsql);
-		waitpid($pid, 0);
-		my $rc = $?;
-		$out = slurp_file("$dir/verify.out");
-		last if $rc == 0;
-		# Not yet accepting connections (the postmaster is resetting)?
-		die "verification failed: " . slurp_file("$dir/verify.err")
-		  if time() > $deadline || $out ne '';
-		usleep(5_000);
-	}
-	$restart_time += time() - $t0;
+	my $out = $loop->probe($sql);
 	die "cycle $cycle: grants did not resume after $probe_blocks tries:\n"
 	  . substr($out, -2000)
 	  unless $out =~ /^done$/m;
@@ -567,31 +387,28 @@ sub cycle
 			if ($granted < $end{$k})
 			{
 				$excl_violations++;
-				push @violation_examples,
-				  sprintf('cycle %d: key %s granted %.3f ms before the end of its acknowledged lease',
-					$cycle, $k, ($end{$k} - $granted) / 1000)
-				  if @violation_examples < 20;
+				$loop->example(20,
+					sprintf('cycle %d: key %s granted %.3f ms before the end of its acknowledged lease',
+						$cycle, $k, ($end{$k} - $granted) / 1000));
 			}
 		}
 		elsif ($line =~ /^renewed\|(.*)$/)
 		{
 			$own_renewed++;
-			push @violation_examples, "cycle $cycle: lease of $1 renewed by its owner after the restart"
-			  if @violation_examples < 20;
+			$loop->example(20, "cycle $cycle: lease of $1 renewed by its owner after the restart");
 		}
 	}
 	$own_checked += @own;
-	check_tokens("cycle $cycle probe", @probe_tokens);
-	foreach (@probe_tokens) { $max_received = $_ if $_ > $max_received }
+	$loop->check_tokens("cycle $cycle probe", @probe_tokens);
+	$loop->received(@probe_tokens);
 
 	$first_try = $tries[0][0];
 	if (defined $first_grant && $first_grant < $latest_end)
 	{
 		$horizon_violations++;
-		push @violation_examples,
-		  sprintf('cycle %d: a key granted %.3f ms before the end of the latest acknowledged lease',
-			$cycle, ($latest_end - $first_grant) / 1000)
-		  if @violation_examples < 20;
+		$loop->example(20,
+			sprintf('cycle %d: a key granted %.3f ms before the end of the latest acknowledged lease',
+				$cycle, ($latest_end - $first_grant) / 1000));
 	}
 	$keys_live += grep { $_ > $first_try } values %end;
 	$tries += @tries;
@@ -608,10 +425,9 @@ sub cycle
 	if ($first_grant > $bound)
 	{
 		$late_cycles++;
-		push @violation_examples,
-		  sprintf('cycle %d: first grant %.0f ms after the kill, %.0f ms past the bound',
-			$cycle, ($first_grant - $t0 * 1e6) / 1000, ($first_grant - $bound) / 1000)
-		  if @violation_examples < 20;
+		$loop->example(20,
+			sprintf('cycle %d: first grant %.0f ms after the kill, %.0f ms past the bound',
+				$cycle, ($first_grant - $t0 * 1e6) / 1000, ($first_grant - $bound) / 1000));
 	}
 	return;
 }
@@ -619,23 +435,15 @@ sub cycle
 cycle($_, 0) foreach 1 .. $cycles;
 my $elapsed = time() - $loop_start;
 
-note sprintf('%d cycles in %.1f s (%.0f ms per cycle, of which %.0f ms from the kill until the probe got every key)',
-	$cycles, $elapsed, 1000 * $elapsed / $cycles, 1000 * $restart_time / $cycles);
-note "kills: $kills{postmaster} of the postmaster, $kills{backend} of a client backend, $kills{other} of another child; $orphans_killed server processes still there 10 s (30 s after a reset) after the kill, killed too";
-note "tokens received: $grants (by client kind: "
-  . join(', ', map { "$_ $grants_by_kind{$_}" } sort keys %grants_by_kind) . ')';
-note "tokens checked against every token received before the last restart: $checked, violations: $token_violations";
+$loop->note_figures($cycles, $elapsed, 'the probe got every key');
 note "keys with an acknowledged lease granted again after a restart: $keys_checked (of which $keys_live still live at the probe's first try), granted before their lease's end: $excl_violations; cycles with a key granted before the latest acknowledged lease's end: $horizon_violations";
 note "probe tries: $tries, of which $tries_refused got no key; cycles where the horizon made the probe wait: $cycles_waited";
 note sprintf('from the kill to the first grant after the restart: min %.0f ms, average %.0f ms, max %.0f ms; cycles past the bound: %d',
 	min(@waits), (List::Util::sum(@waits) / @waits), max(@waits), $late_cycles);
 note "acknowledged leases of their own renewed after a restart: $own_renewed of $own_checked";
-note 'errors the clients got, by SQLSTATE: '
-  . join(', ', map { "$_ $errors{$_}" } sort keys %errors);
-note $_ foreach @violation_examples;
+note $_ foreach @{ $loop->{examples} };
 
-is($token_violations, 0,
-	"memory mode: tokens after every restart > every token received before ($cycles cycles, $checked checks)");
+$loop->check_token_order('memory mode: ', $cycles);
 is($excl_violations, 0,
 	"memory mode: no key granted after a restart before the end of its acknowledged lease ($keys_checked keys, $keys_live still live)");
 is($horizon_violations, 0,
@@ -643,23 +451,17 @@ is($horizon_violations, 0,
 is($own_renewed, 0,
 	"memory mode: acknowledged leases are gone after a restart, their owners' renewals return NULL ($own_checked leases)");
 is($late_cycles, 0, 'memory mode: grants resume by the horizon after every restart');
-my $log = slurp_file($kn->logfile);
-my @bad = grep { /PANIC|TRAP:|terminated by signal (?!9:)/ } split /\n/, $log;
-note $_ foreach @bad[ 0 .. ($#bad < 9 ? $#bad : 9) ];
-ok(!(grep { /^XX/ } keys %errors) && !@bad,
-	'no internal error (XX...) in any client, no PANIC, TRAP or unexpected signal in the server log');
+$loop->check_no_internal_error;
 # The test tested something: the horizon made the probe wait while
 # acknowledged leases were live, clients drew tokens in open transactions,
 # and both kinds of kill happened.
 cmp_ok($cycles_waited, '>', 0, 'the probe was refused every key until the horizon in some cycles');
 cmp_ok($keys_live, '>', 0, 'some acknowledged leases were still live when the server came back');
-cmp_ok($grants_by_kind{O} // 0, '>', 0, 'clients drew tokens in transactions that never committed');
-ok($kills{postmaster} > 0 && $kills{backend} + $kills{other} > 0,
-	'both the postmaster and backends were killed');
+$loop->check_faults_happened;
 
 # Not vacuous: with the horizon set back after each restart, keys are granted
 # before their acknowledged leases' ends, and the checks say so.
-@violation_examples = ();
+$loop->{examples} = [];
 ($excl_violations, $horizon_violations, $keys_checked) = (0, 0, 0);
 # (Until both checks fired, at most 10 cycles: a cycle whose restart took
 # longer than its leases shows nothing.)
@@ -670,7 +472,7 @@ while ($sabotaged < 10 && !($excl_violations && $horizon_violations))
 	cycle($cycles + $sabotaged, 1);
 }
 note "$sabotaged sabotaged cycles (horizon set back): keys granted before their lease's end: $excl_violations of $keys_checked; cycles with a key granted before the latest lease's end: $horizon_violations";
-note $_ foreach @violation_examples;
+note $_ foreach @{ $loop->{examples} };
 cmp_ok($excl_violations, '>', 0,
 	'horizon set back: keys granted before the end of their acknowledged lease reported');
 cmp_ok($horizon_violations, '>', 0,

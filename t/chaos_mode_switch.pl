@@ -40,29 +40,18 @@ use DlockFaults;
 use Time::HiRes qw(time);
 
 my $t_start = time();
-my $prog = "$ENV{TESTDIR}/chaos/dlock-chaos";
-system_or_bail('make', '-s', '-C', "$ENV{TESTDIR}/chaos") unless -x $prog;
-
-my $node = PostgreSQL::Test::Cluster->new('chaos_modes');
-$node->init;
-$node->append_conf('postgresql.conf', q{
-fsync = on
-restart_after_crash = on
+my $prog = chaos_checker();
+# fsync on, restart_after_crash on (see DlockFaults::chaos_node)
+my $node = chaos_node('chaos_modes', q{
 shared_preload_libraries = 'dlock'
 dlock.storage = memory
 dlock.horizon_margin = '500ms'
 });
-$node->start;
-my $bindir = $node->config_data('--bindir');
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 sub chaos { return run_chaos($prog, $node, @_) }
 
-my @crash = (
-	'--pgdata' => $node->data_dir,
-	'--pg-ctl' => "$bindir/pg_ctl",
-	'--server-log' => $node->logfile,
-	'--crash-every' => 4);
+my @crash = crash_options($node, 4);
 
 # Up to three runs (seeds $seed, $seed + 1, $seed + 2), until together they
 # have done what the test is about: on a loaded machine a run may see too
@@ -111,19 +100,9 @@ like($node->safe_psql('postgres', 'SHOW dlock.storage'), qr/^(memory|table)$/,
 	'server up after the run');
 
 # The forger's check fires when a forged write is really accepted.
-{
-	my ($rc, $out, $err, $c) = chaos(
-		'--duration' => 3,
-		'--workers' => 2,
-		'--keys' => 4,
-		'--nemesis-every' => 60000,
-		'--forge',
-		'--sabotage' => 'forge');
-	is($rc, 1, 'sabotage forge: dlock-chaos exits 1')
-	  or diag "sabotage forge:\n$out\n$err";
-	like($out, qr/^dlock-chaos: violations: forged token accepted: [1-9]/m,
-		'sabotage forge: "forged token accepted" reported');
-}
+check_sabotage_run($prog, $node, 'sabotage forge', 'forge',
+	[ '--duration' => 3, '--nemesis-every' => 60000, '--forge' ],
+	'forged token accepted');
 
 $node->stop;
 note sprintf('total %.1f s', time() - $t_start);

@@ -21,10 +21,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('queue');
-$node->init;
-$node->start;
+my $node = dlock_node('queue');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	-- what each session was granted, and how long it waited for it
@@ -51,13 +52,7 @@ sub grant
 }
 
 # Open a session and return it with its backend's pid.
-sub session
-{
-	my $s = $node->background_psql('postgres', on_error_stop => 0);
-	my $pid = $s->query_safe('SELECT pg_backend_pid()');
-	chomp $pid;
-	return ($s, $pid);
-}
+sub session { return backend_session($node, 'postgres') }
 
 # Wait until backend pid sleeps (in the lock manager or elsewhere), then
 # check that it sleeps on its latch and waits for no heavyweight lock.

@@ -32,28 +32,20 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('edges');
-$node->init(allows_streaming => 1);
-$node->append_conf('postgresql.conf', q{
+my $node = dlock_node('edges', streaming => 1, conf => q{
 shared_preload_libraries = 'dlock'
 dlock.storage = memory
 dlock.memory_max_keys = 100
 dlock.horizon_margin = '1s'
 max_prepared_transactions = 2
 });
-$node->start;
 
 # Run $sql in $db; return the SQLSTATE of its error ('' if none) and stdout.
-sub run_sql
-{
-	my ($db, $sql) = @_;
-	my ($out, $err) = ('', '');
-	$node->psql($db, "\\set VERBOSITY verbose\n$sql",
-		stdout => \$out, stderr => \$err, on_error_stop => 1);
-	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
-	return ($state // '', $out);
-}
+sub run_sql { return try_sql($node, @_) }
 
 # 1. The horizon set by somebody else after the first use.
 $node->safe_psql('postgres', 'CREATE DATABASE h');

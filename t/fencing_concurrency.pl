@@ -24,10 +24,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib $FindBin::RealBin;
+use DlockCluster;
 
-my $node = PostgreSQL::Test::Cluster->new('concurrency');
-$node->init;
-$node->start;
+my $node = dlock_node('concurrency');
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION dlock;
 	CREATE SEQUENCE ord;
@@ -70,7 +71,7 @@ $node->pgbench(
 	[qr{^$}],
 	'8 clients acquire, pause, write under their token and release',
 	{
-		'005_chaos' => q{
+		'fencing_concurrency' => q{
 \set k random(1, 3)
 SELECT owner, fence FROM dlock.acquire('chaos:' || :k, '20 milliseconds') \gset
 INSERT INTO grants (key, fence) VALUES ('chaos:' || :k, :fence);
