@@ -332,7 +332,7 @@ violation(const Call *c, const char *fmt,...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	violations++;
-	/* an injected call is always shown: t/017 looks for it */
+	/* an injected call is always shown: t/hostile_input.pl looks for it */
 	if (violations > MAX_SHOWN &&
 		!(c && strcmp(c->cat, "injected") == 0))
 		return;
