@@ -189,16 +189,28 @@ static const StorageMethods table_methods = {
  * ---------------------------------------------------------------------
  */
 
+/*
+ * Memory mode: this database's barrier, until which every key is held by
+ * the unknown owner *unknown (0, or a time past: nobody any more).
+ */
+static TimestampTz
+memory_barrier(pg_uuid_t *unknown)
+{
+	TimestampTz barrier;
+	TimestampTz horizon;
+
+	dlock_objects_find();
+	dlock_memory_state(&barrier, &horizon, unknown, false);
+	return barrier;
+}
+
 /* The lease of key in shared memory, or before the barrier the unknown owner's. */
 static void
 memory_read(const char *key, int len, DlockLease *lease)
 {
-	TimestampTz barrier;
-	TimestampTz horizon;
 	pg_uuid_t	unknown;
+	TimestampTz barrier = memory_barrier(&unknown);
 
-	dlock_objects_find();
-	dlock_memory_state(&barrier, &horizon, &unknown, false);
 	if (barrier != 0 && GetCurrentTimestamp() < barrier)
 		dlock_unknown_lease(lease, barrier, &unknown);
 	else
@@ -272,12 +284,9 @@ memory_set_end(text *key, TimestampTz end, bool release)
 static List *
 memory_scan(void)
 {
-	TimestampTz barrier;
-	TimestampTz horizon;
 	pg_uuid_t	unknown;
+	TimestampTz barrier = memory_barrier(&unknown);
 
-	dlock_objects_find();
-	dlock_memory_state(&barrier, &horizon, &unknown, false);
 	/* before the barrier every key is held by an unknown owner */
 	if (barrier != 0 && GetCurrentTimestamp() < barrier)
 		return NIL;
