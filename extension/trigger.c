@@ -23,6 +23,10 @@
  *
  * and domains over them.  Other types are refused with 39P01.
  *
+ * Owns: each trigger's parsed arguments (fn_extra).  Calls fence.c (judging
+ * each key's write, and the tokens presented in this transaction), args.c
+ * and settings.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
