@@ -23,7 +23,8 @@
  *
  * Owns: the transaction's verified keys.  Calls stats.c and events.c
  * (counting and logging refusals), storage.c, durable.c (was a token ever
- * issued?), liveness.c, keylock.c, args.c and common.c.
+ * issued?), objects.c (its generation), liveness.c, keylock.c, args.c and
+ * common.c.
  *
  *-------------------------------------------------------------------------
  */
