@@ -119,7 +119,7 @@ check_schema_owner(Oid nspid, Oid trusted, bool installing)
 			 errdetail("The owner of the schema can rename it and replace dlock's lease table, so dlock refuses to work in it; only role \"%s\" or a superuser may own it.",
 					   GetUserNameFromId(trusted, false)),
 			 installing ?
-			 errhint("Let CREATE EXTENSION create the schema: drop or rename schema %s first; or, after checking what is in it, ALTER SCHEMA %s OWNER TO %s.",
+			 errhint("For a new install, let CREATE EXTENSION create the schema: drop or rename schema %s first.  If dlock is installed there already, drop nothing (that would forget the leases and the token counter): after checking what is in it, ALTER SCHEMA %s OWNER TO %s.",
 					 quote_identifier(nspname), quote_identifier(nspname),
 					 quote_identifier(GetUserNameFromId(trusted, false))) :
 			 errhint("After checking what is in it, ALTER SCHEMA %s OWNER TO %s.  Do not drop the extension to fix this: that forgets the leases and the token counter.",
