@@ -370,7 +370,15 @@ attempt_slot_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 		}
 		if (i > head.nslots)
 		{
-			/* the key's first use of this slot: the head records it */
+			/*
+			 * The key's first use of this slot: the head records it, and
+			 * more at once (all N permits; for shared leases, twice as
+			 * many as before), so that the grants that follow need not
+			 * wait for this one to commit before they can record theirs.
+			 */
+			int32		n = opts->permits > 1 ? opts->permits :
+				Min(DLOCK_MAX_SLOTS, Max(8, 2 * head.nslots));
+
 			if (!dlock_lock_for_new_slot(k, len))
 			{
 				dlock_unlock_grant(sk, sklen);
@@ -378,7 +386,8 @@ attempt_slot_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 				return GRANT_BUSY;
 			}
 			dlock_read_lease(k, len, &head);
-			if (head.nslots < i && !dlock_storage_set_slots(key, i))
+			n = Max(n, i);
+			if (head.nslots < n && !dlock_storage_set_slots(key, n))
 			{
 				dlock_unlock_grant(sk, sklen);
 				dlock_unlock_slot_grant(k, len);
