@@ -134,7 +134,8 @@ CREATE FUNCTION dlock.observe(key pg_catalog.text, after_fence pg_catalog.int8,
 							  OUT holder pg_catalog.text,
 							  OUT value pg_catalog.text,
 							  OUT state pg_catalog.text,
-							  OUT expires_at pg_catalog.timestamptz)
+							  OUT expires_at pg_catalog.timestamptz,
+							  OUT since pg_catalog.timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'dlock_observe'
 LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;

@@ -166,7 +166,7 @@ judge(const DlockLeaseRow *row, TimestampTz now, int64 after_fence,
 
 	*wake_at = DT_NOEND;
 	if (row == NULL)
-		return (after_fence > 0 && !seen_end) ? SIGHT_REPORT : SIGHT_SLEEP;
+		return seen_end ? SIGHT_SLEEP : SIGHT_REPORT;
 	if (row->lease.unknown)
 	{
 		/* memory mode before the horizon: nothing is known until then */
@@ -234,11 +234,11 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 
 /*
  * dlock.observe(key, after_fence, wait, seen_value, seen_end): return the
- * key's (fence, holder, value, state, expires_at) as soon as its token is
- * above after_fence, its current lease is not live (unless seen_end says
- * the caller knows), or its live lease's value differs from seen_value
- * (NULL: from the value when the call began); no row when wait (NULL: no
- * limit) runs out first.
+ * key's (fence, holder, value, state, expires_at, since) as soon as its
+ * token is above after_fence, its current lease is not live or it has none
+ * (unless seen_end says the caller knows), or its live lease's value
+ * differs from seen_value (NULL: from the value when the call began); no
+ * row when wait (NULL: no limit) runs out first.
  */
 Datum
 dlock_observe(PG_FUNCTION_ARGS)
@@ -333,8 +333,8 @@ dlock_observe(PG_FUNCTION_ARGS)
 
 	if (report)
 	{
-		Datum		values[5];
-		bool		nulls[5] = {0};
+		Datum		values[6];
+		bool		nulls[6] = {0};
 		TimestampTz now = GetCurrentTimestamp();
 
 		if (row == NULL)
@@ -356,6 +356,7 @@ dlock_observe(PG_FUNCTION_ARGS)
 											state == DLOCK_RELEASED ? "released" :
 											"expired");
 			values[4] = TimestampTzGetDatum(row->lease.expires_at);
+			values[5] = TimestampTzGetDatum(row->lease.granted_at);
 		}
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}

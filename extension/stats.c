@@ -734,10 +734,10 @@ dlock_stats(PG_FUNCTION_ARGS)
 		foreach(lc, rows)
 		{
 			text	   *key = ((DlockLeaseRow *) lfirst(lc))->key;
+			int			len = VARSIZE_ANY_EXHDR(key);
 
 			/* a key's slots are shown as the key, whose row they have */
-			if (dlock_base_key_len(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key)) ==
-				VARSIZE_ANY_EXHDR(key))
+			if (dlock_base_key_len(VARDATA_ANY(key), len) == len)
 				stats_row(rsinfo, key, NULL, false);
 		}
 		stats_row(rsinfo, NULL, NULL, false);
