@@ -105,6 +105,7 @@ extern const char *const dlock_sql_release;
 
 /* conn.c */
 extern bool dlock_quiet_notices;
+extern const char *dlock_min_version;
 extern int64 dlock_now_ms(void);
 extern void dlock_add_secret(const char *secret);
 extern char *dlock_one_line(const char *msg);
@@ -113,6 +114,7 @@ extern void dlock_fatal(int status, const char *fmt,...) pg_attribute_printf(2, 
 extern PGconn *dlock_connect(DlockConnOptions *co);
 extern PGconn *dlock_connect_start(const DlockConnOptions *co);
 extern bool dlock_connect_until(PGconn *conn, int64 until);
+extern DlockWait dlock_connect_wait(PGconn *conn, int64 until, int signal_fd);
 extern int	dlock_result_exit(const PGresult *res, PGconn *conn);
 extern char *dlock_result_message(const PGresult *res, PGconn *conn);
 extern bool dlock_send(PGconn *conn, const char *sql, int nparams,
