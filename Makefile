@@ -9,6 +9,7 @@ OBJS = \
 	extension/common.o \
 	extension/dlock.o \
 	extension/durable.o \
+	extension/election.o \
 	extension/events.o \
 	extension/fence.o \
 	extension/horizon.o \
@@ -30,7 +31,7 @@ EXTENSION = dlock
 DATA = extension/dlock--0.1.sql \
 	extension/dlock--0.1--0.2.sql extension/dlock--0.2--0.3.sql \
 	extension/dlock--0.3--0.4.sql extension/dlock--0.4--0.5.sql \
-	extension/dlock--0.5--0.6.sql
+	extension/dlock--0.5--0.6.sql extension/dlock--0.6--0.7.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
 REGRESS = lease_api lease_errors fence_trigger trust operate
