@@ -7,9 +7,10 @@
  * dlock.observe() without waiting why not: the last term was resigned, it
  * expired, or there is no term on record.
  *
- * --watch runs dlock.observe()'s long-poll loop: each call returns as soon
- * as the election changes (a new epoch, the end of the term, a new value)
- * and the loop prints one line per change.  Each call is one statement, so
+ * --watch first prints the state as the one-shot form does, from a call of
+ * dlock.observe() that does not wait, then runs observe()'s long-poll loop:
+ * each call returns as soon as the election changes (a new epoch, the end
+ * of the term, a new value) and the loop prints one line per change.  Each call is one statement, so
  * the loop works behind a transaction-pooling PgBouncer; what the loop has
  * seen (the epoch, the value, whether the term's end was seen) lives here,
  * so a dropped connection costs only a reconnection: the first call over
@@ -74,6 +75,7 @@ typedef struct Watch
 	char	   *epoch;			/* after_fence: the highest epoch seen */
 	char	   *value;			/* seen_value; NULL: none */
 	bool		seen_end;
+	bool		started;		/* the first state has been printed */
 	int			backoff_ms;
 	char	   *last_error;		/* the last connection failure printed */
 } Watch;
@@ -254,7 +256,7 @@ leader_once(DlockOptions *o)
 		res = dlock_exec_or_exit(conn, sql_observe, 5, values);
 		if (PQntuples(res) == 0)
 		{
-			/* cannot happen: with after_fence 0 it answers at once */
+			/* no lease on record at all */
 			st.state = pg_strdup("none");
 			PQclear(res);
 			break;
@@ -524,9 +526,10 @@ leader_watch(DlockOptions *o)
 		if (w->conn == NULL)
 			reconnect(w);
 
+		/* the first call does not wait: it is the state to start from */
 		values[0] = w->name;
 		values[1] = w->epoch;
-		values[2] = OBSERVE_WAIT;
+		values[2] = w->started ? OBSERVE_WAIT : "0 seconds";
 		values[3] = w->value;
 		values[4] = w->seen_end ? "true" : "false";
 		rc = ask(w, sql_observe, 5, values,
@@ -557,16 +560,25 @@ leader_watch(DlockOptions *o)
 			continue;
 		}
 		w->backoff_ms = BACKOFF_FIRST_MS;
-		if (PQntuples(res) == 0)
+		memset(&st, 0, sizeof(st));
+		if (PQntuples(res) == 0 && w->started)
 		{
 			/* the wait ran out without a change: ask again */
 			PQclear(res);
 			continue;
 		}
-
-		memset(&st, 0, sizeof(st));
-		state_from_observe(res, &st);
+		if (PQntuples(res) == 0)
+		{
+			/*
+			 * No lease on record (observe() reports none only once there
+			 * was one): nobody leads, and any grant is news.
+			 */
+			st.state = pg_strdup("none");
+		}
+		else
+			state_from_observe(res, &st);
 		PQclear(res);
+		w->started = true;
 
 		/* what the next call has seen: observe()'s loop, as specified */
 		if (st.epoch != NULL)
