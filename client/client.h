@@ -14,7 +14,7 @@
 
 #include "libpq-fe.h"
 
-#define DLOCK_VERSION "0.3"
+#define DLOCK_VERSION "0.4"
 
 /*
  * Exit statuses.  The numbers are those of <sysexits.h> (not every platform
