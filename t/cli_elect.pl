@@ -200,8 +200,36 @@ sub utc_seconds
 	return timegm($6, $5, $4, $3, $2 - 1, $1) + ($7 // 0);
 }
 
-# The lines a dlock leader --watch started by start_dlock printed so far,
-# as arrays of fields.
+# Start dlock leader --watch NAME in the background, as start_dlock does,
+# with every line it prints stamped with the time it came out (a filter
+# appends it as a sixth field), so that how soon a change shows does not
+# depend on when the test looks.
+sub start_watch
+{
+	my ($name) = @_;
+	my %r = (out => '', err => '', args => "leader --watch $name");
+	print "# Starting: dlock $r{args}\n";
+	$r{h} = IPC::Run::start(
+		[ 'dlock', 'leader', '--watch', $name ],
+		'<' => \undef,
+		'2>' => \$r{err},
+		'|',
+		[ $^X, '-MTime::HiRes=time', '-ne', '$| = 1; chomp; printf "%s\t%.6f\n", $_, time' ],
+		'>' => \$r{out},
+		IPC::Run::timeout(3 * $patience));
+	return \%r;
+}
+
+# Send signal $sig to the dlock of a watch (not to its filter, which ends
+# when dlock does).
+sub signal_watch
+{
+	my ($w, $sig) = @_;
+	kill $sig, $w->{h}->{KIDS}[0]{PID};
+}
+
+# The lines a watch printed so far, as arrays of fields: the five of
+# dlock leader, then the time the line came out.
 sub watch_lines
 {
 	my ($w) = @_;
@@ -210,19 +238,18 @@ sub watch_lines
 }
 
 # Poll the watch $w until it has printed a line for which &$match (given
-# the fields) is true; return that line's fields and when it was seen.
+# the fields) is true; return that line's fields and when it came out.
 sub watch_for
 {
 	my ($w, $match) = @_;
-	my ($line, $seen);
+	my $line;
 	wait_until(
 		sub {
-			($line) = grep { $match->(@$_) } watch_lines($w);
-			$seen = time;
+			($line) = grep { @$_ == 6 && $match->(@$_) } watch_lines($w);
 			return defined $line;
 		},
 		$w);
-	return ($line // [], $seen);
+	return ($line // [], $line ? $line->[5] : 9e9);
 }
 
 # The state of the election's lease in dlock.lease_status.
@@ -382,9 +409,9 @@ is_deeply(eval { decode_json($out) } // {},
 #
 # c. Two candidates: the first leads, the second waits and takes over.
 #
-my $watch = start_dlock(qw(leader --watch lead));
+my $watch = start_watch('lead');
 my ($wl) = watch_for($watch, sub { 1 });
-is(join('|', @$wl), 'none||||', 'watch: starts with the state: none');
+is(join('|', @$wl[0..4]), 'none||||', 'watch: starts with the state: none');
 
 my $a = candidate('lead', 'A', '--ttl=30s');
 ok(wait_until(sub { -s "$d/A.env" }, $a), 'A was elected and ran COMMAND');
@@ -431,6 +458,7 @@ my $t0 = time;
 is($rc, 0, 'proclaim by the leader: exit 0') or diag $err;
 my ($wp, $seen) = watch_for($watch, sub { $_[0] eq 'leader' && $_[4] eq 'A\\tprime' });
 is($wp->[1], $a_epoch, 'watch: the proclaimed value (escaped), same epoch');
+note sprintf('watch: the proclaim printed %.3f s after dlock proclaim started', $seen - $t0);
 cmp_ok($seen - $t0, '<', 1, 'watch: ... within a second of the proclaim');
 is($node->safe_psql('postgres', q{SELECT value FROM dlock.leader('lead')}),
 	"A\tprime", 'the value is the one proclaimed');
@@ -527,7 +555,7 @@ ok(wait_until(sub { writes_of('G') > 0 }, $g), 'G leads and writes');
 my ($g_epoch) = cand_env('G');
 my $h = candidate('cut', 'H', '--ttl=30s');
 ok(wait_until(sub { campaign_waits() }, $h), 'H waits');
-my $watch2 = start_dlock(qw(leader --watch cut));
+my $watch2 = start_watch('cut');
 watch_for($watch2, sub { $_[0] eq 'leader' && $_[1] eq $g_epoch });
 $node->safe_psql('postgres', q{
 	ALTER ROLE cand_a NOLOGIN;
@@ -556,7 +584,7 @@ watch_for($watch2, sub { $_[0] eq 'leader' && $_[1] eq $h_epoch });
 is_deeply(\@order, [qw(leader expired leader)], 'watch: leader, expired, leader');
 append_to_file("$d/H.go", 'go');
 is(finish_dlock($h), 0, 'H exited 0');
-$watch2->{h}->signal('INT');
+signal_watch($watch2, 'INT');
 is(finish_dlock($watch2), 0, 'watch: SIGINT ends it with exit 0');
 is($watch2->{err}, '', 'watch: nothing on stderr');
 
@@ -608,7 +636,7 @@ like($watch->{err}, qr/^dlock: connected to the server again$/m, 'watch: ... and
 append_to_file("$d/M.go", 'go');
 is(finish_dlock($m), 0, 'M exited 0');
 watch_for($watch, sub { $_[0] eq 'resigned' && $_[1] eq $m_epoch });
-$watch->{h}->signal('TERM');
+signal_watch($watch, 'TERM');
 is(finish_dlock($watch), 0, 'watch: SIGTERM ends it with exit 0');
 ok( $node->poll_query_until('postgres', q{
 		SELECT count(*) = 0 FROM pg_stat_activity
