@@ -313,7 +313,8 @@ help_command(const char *command)
 			   "until elected, runs COMMAND while leader, renewing the leadership's lease\n"
 			   "in the background, and resigns when COMMAND exits.\n\n");
 		printf("Usage:\n");
-		printf("  dlock [CONNECTION-OPTION]... elect [OPTION]... NAME VALUE -- COMMAND [ARG]...\n\n");
+		printf("  dlock [CONNECTION-OPTION]... elect [OPTION]... NAME VALUE --\n"
+			   "        COMMAND [ARG]...\n\n");
 		printf("Options:\n");
 		printf("      --ttl=DUR            time to live of the lease (default 30s)\n");
 		printf("      --wait=DUR           give up when not elected within DUR\n"
@@ -352,8 +353,8 @@ help_command(const char *command)
 		printf("  dlock [CONNECTION-OPTION]... leader [OPTION]... NAME\n\n");
 		printf("Options:\n");
 		printf("      --watch              print the state, then a line for every change\n"
-			   "                           (dlock.observe), until SIGINT or SIGTERM;\n"
-			   "                           reconnect when the connection drops\n");
+			   "                           (dlock.observe), until SIGINT, SIGTERM or\n"
+			   "                           SIGHUP; reconnect when the connection drops\n");
 		printf("      --format=FORMAT      text or json (one object per line) (default text)\n");
 		printf("  -?, --help               show this help, then exit\n");
 		printf("\nEach state is one line: STATE EPOCH SINCE EXPIRES_AT VALUE, separated by\n"
@@ -485,8 +486,9 @@ find_short(char c)
  * Parse the command line.  Options may come before or after the command
  * word and between the arguments; "--" ends the options.  For run (elect),
  * the first argument after KEY (VALUE), or everything after "--", is
- * COMMAND, and nothing of it is parsed.  Options are checked against the command once
- * it is known.  Exits on any error (64) or after --help/--version (0).
+ * COMMAND, and nothing of it is parsed.  Options are checked against the
+ * command once it is known.  Exits on any error (64) or after
+ * --help/--version (0).
  */
 static void
 parse_args(int argc, char **argv, DlockOptions *o)
