@@ -43,9 +43,13 @@ static const char *const sql_observe =
 "FROM dlock.observe($1, $2::pg_catalog.int8, $3::pg_catalog.interval, $4, "
 "$5::pg_catalog.bool) AS o";
 
-/* How long one observe call waits in the server, and our margin on top */
-#define OBSERVE_WAIT		"30 seconds"
+/*
+ * How long one observe call waits in the server (at first; halved down to
+ * the least each time a statement_timeout cancels it), and our margin on
+ * top
+ */
 #define OBSERVE_WAIT_MS		30000
+#define OBSERVE_WAIT_MIN_MS 1000
 #define ANSWER_SLACK_MS		10000
 
 /* Reconnection: the first delay, the longest, and one attempt's limit */
@@ -76,6 +80,7 @@ typedef struct Watch
 	char	   *value;			/* seen_value; NULL: none */
 	bool		seen_end;
 	bool		started;		/* the first state has been printed */
+	int			wait_ms;		/* observe's wait */
 	int			backoff_ms;
 	char	   *last_error;		/* the last connection failure printed */
 } Watch;
@@ -443,18 +448,29 @@ query_failed(Watch *w, PGresult *res)
 	int			status = dlock_result_exit(res, w->conn);
 	const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 	char	   *msg = dlock_result_message(res, w->conn);
+	bool		transient;
 
+	transient = state != NULL &&
+		(strcmp(state, "57014") == 0 || /* query_canceled, statement_timeout */
+		 strcmp(state, "55P03") == 0 || /* lock_not_available */
+		 strcmp(state, "40001") == 0 || /* serialization_failure */
+		 strcmp(state, "40P01") == 0);	/* deadlock_detected */
 	PQclear(res);
 	if (status == DLOCK_EXIT_UNAVAILABLE || PQstatus(w->conn) == CONNECTION_BAD)
 	{
 		drop_connection(w, msg);
 		return;
 	}
-	if (state != NULL &&
-		(strcmp(state, "57014") == 0 ||	/* query_canceled, statement_timeout */
-		 strcmp(state, "55P03") == 0 ||	/* lock_not_available */
-		 strcmp(state, "40001") == 0 ||	/* serialization_failure */
-		 strcmp(state, "40P01") == 0))	/* deadlock_detected */
+	if (state != NULL && strcmp(state, "57014") == 0 &&
+		w->wait_ms > OBSERVE_WAIT_MIN_MS)
+	{
+		/* most likely a statement_timeout shorter than our wait */
+		w->wait_ms = Max(w->wait_ms / 2, OBSERVE_WAIT_MIN_MS);
+		dlock_error("%s (retrying, waiting %d ms per call)", msg, w->wait_ms);
+		free(msg);
+		return;
+	}
+	if (transient)
 	{
 		dlock_error("%s (retrying)", msg);
 		free(msg);
@@ -510,6 +526,7 @@ leader_watch(DlockOptions *o)
 	w->value = NULL;
 	w->seen_end = false;
 	w->backoff_ms = BACKOFF_FIRST_MS;
+	w->wait_ms = OBSERVE_WAIT_MS;
 
 	w->conn = dlock_connect(&o->conn);
 	dlock_signals_install(false);
@@ -519,6 +536,7 @@ leader_watch(DlockOptions *o)
 	for (;;)
 	{
 		const char *values[5];
+		char		wait[32];
 		PGresult   *res;
 		DlockWait	rc;
 		LeaderState st;
@@ -529,17 +547,18 @@ leader_watch(DlockOptions *o)
 		/* the first call does not wait: it is the state to start from */
 		values[0] = w->name;
 		values[1] = w->epoch;
-		values[2] = w->started ? OBSERVE_WAIT : "0 seconds";
+		dlock_interval_param(wait, sizeof(wait), w->started ? w->wait_ms : 0);
+		values[2] = wait;
 		values[3] = w->value;
 		values[4] = w->seen_end ? "true" : "false";
 		rc = ask(w, sql_observe, 5, values,
-				 dlock_now_ms() + OBSERVE_WAIT_MS + ANSWER_SLACK_MS, &res);
+				 dlock_now_ms() + w->wait_ms + ANSWER_SLACK_MS, &res);
 		if (rc == DLOCK_WAIT_SIGNAL)
 			stop_watch(w);
 		if (rc == DLOCK_WAIT_TIMEOUT)
 		{
 			drop_connection(w, psprintf("no answer from the server within %d ms",
-										OBSERVE_WAIT_MS + ANSWER_SLACK_MS));
+										w->wait_ms + ANSWER_SLACK_MS));
 			continue;
 		}
 		if (rc == DLOCK_WAIT_BROKEN)
