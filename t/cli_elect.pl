@@ -31,8 +31,10 @@
 #    fenced write of the old COMMAND from then on is refused (LF001). Once
 #    continued, dlock elect stops COMMAND and exits 79.
 # g. dlock leader --watch reconnects when its connection is terminated and
-#    still reports changes; SIGINT and SIGTERM end it with exit 0; leader,
-#    elect and proclaim in a database without the extension exit 78.
+#    still reports changes; SIGINT and SIGTERM end it with exit 0; under a
+#    statement_timeout shorter than its calls, it shortens them and still
+#    reports changes within a second; leader, elect and proclaim in a
+#    database without the extension exit 78.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -642,6 +644,25 @@ ok( $node->poll_query_until('postgres', q{
 		SELECT count(*) = 0 FROM pg_stat_activity
 		WHERE query LIKE '%dlock.observe(%' AND pid <> pg_backend_pid()}),
 	'watch: its observe call was cancelled, not left waiting');
+
+# A statement_timeout shorter than the watch's 30 s calls: the watch
+# shortens its calls until they pass, and reports changes promptly.
+my $w3 = do
+{
+	local $ENV{PGOPTIONS} = '-c statement_timeout=1500ms';
+	start_watch('slow');
+};
+watch_for($w3, sub { $_[0] eq 'none' });
+ok(wait_until(sub { $w3->{err} =~ /waiting 1000 ms per call/ }, $w3),
+	'watch: under a statement_timeout of 1.5 s, its calls went down to 1 s');
+like($w3->{err}, qr/\A(dlock: canceling statement due to statement timeout \(retrying, waiting \d+ ms per call\)\n)+\z/,
+	'watch: ... saying so, one line per cancellation');
+($rc) = dlock(qw(elect slow Y -- true));
+my ($wy, $wy_seen) = watch_for($w3, sub { $_[0] eq 'leader' });
+is($wy->[4], 'Y', 'watch: ... and still shows the leader');
+cmp_ok($wy_seen - (utc_seconds($wy->[2]) // 0), '<', 1, 'watch: ... within a second');
+signal_watch($w3, 'TERM');
+is(finish_dlock($w3), 0, 'watch: SIGTERM ends it with exit 0');
 
 foreach my $args ([qw(leader lead)], [qw(elect lead N -- touch), "$d/noext.ran"],
 	[ 'proclaim', 'lead', $nobody, 'v' ], [qw(leader --watch lead)])
