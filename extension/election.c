@@ -68,6 +68,8 @@ dlock_campaign(PG_FUNCTION_ARGS)
 	args.opts.holder = dlock_holder_arg(fcinfo, 4);
 	args.opts.lock_delay = dlock_lock_delay_arg(fcinfo, 5);
 	args.opts.session_bound = dlock_bool_arg(fcinfo, 6, "session_bound", false);
+	args.opts.permits = 1;		/* one leader */
+	args.opts.nslots = 0;
 
 	dlock_acquire_lease(fcinfo, &args, &lease);
 	return dlock_lease_result(fcinfo, args.key, &lease);
@@ -84,8 +86,7 @@ dlock_proclaim(PG_FUNCTION_ARGS)
 	text	   *key;
 	pg_uuid_t  *owner;
 	text	   *value;
-	const char *k;
-	int			len;
+	DlockOwnerKey ok;
 	DlockLease	lease;
 	TimestampTz now;
 
@@ -94,13 +95,11 @@ dlock_proclaim(PG_FUNCTION_ARGS)
 	key = dlock_key_arg(fcinfo, 0);
 	owner = dlock_owner_arg(fcinfo, 1);
 	value = dlock_value_arg(fcinfo, 2);
-	k = VARDATA_ANY(key);
-	len = VARSIZE_ANY_EXHDR(key);
 
-	if (!dlock_begin_owner_op(k, len, owner, &lease, &now))
+	if (!dlock_begin_owner_op(key, owner, &ok, &lease, &now))
 		PG_RETURN_BOOL(false);
-	dlock_storage_set_value(key, value);
-	dlock_log_proclaim(k, len, &lease, value);
+	dlock_storage_set_value(ok.key, value);
+	dlock_log_proclaim(ok.k, ok.len, &lease, value);
 	PG_RETURN_BOOL(true);
 }
 

@@ -121,4 +121,4 @@ RESET ROLE;
 DROP ROLE election_user;
 
 DROP TABLE leader_log;
-SELECT dlock.forget(key) FROM dlock.leases WHERE key IN ('db-primary', 'plain');
+SELECT dlock.forget(k) FROM (VALUES ('db-primary'), ('plain')) AS v(k);
