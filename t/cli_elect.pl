@@ -53,13 +53,19 @@ my $patience = 60;
 
 my $d = abs_path(PostgreSQL::Test::Utils::tempdir);
 my @stopped;    # dlock processes this test stopped with SIGSTOP
+my @started;    # every dlock started in the background
 
-# If a test fails, continue what was stopped, and stop the COMMANDs that
-# dlock should have stopped (their pids are in *.pid; a pid counts only
-# while it is still one of our scripts).
+# If a test fails, continue what was stopped, end the dlocks still running
+# (a watch would run forever), and stop the COMMANDs that dlock should
+# have stopped (their pids are in *.pid; a pid counts only while it is
+# still one of our scripts).
 END
 {
 	kill 'CONT', @stopped if @stopped;
+	foreach my $r (@started)
+	{
+		eval { $r->{h}->kill_kill if $r->{h}->pumpable; };
+	}
 	foreach my $f (glob("$d/*.pid"))
 	{
 		my $pid = eval { slurp_file($f) } // '';
@@ -92,6 +98,7 @@ sub start_dlock
 		'>' => \$r{out},
 		'2>' => \$r{err},
 		IPC::Run::timeout(3 * $patience));
+	push @started, \%r;
 	return \%r;
 }
 
@@ -219,6 +226,7 @@ sub start_watch
 		[ $^X, '-MTime::HiRes=time', '-ne', '$| = 1; chomp; printf "%s\t%.6f\n", $_, time' ],
 		'>' => \$r{out},
 		IPC::Run::timeout(3 * $patience));
+	push @started, \%r;
 	return \%r;
 }
 
