@@ -29,6 +29,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
+use IPC::Run;
 use FindBin;
 use lib $FindBin::RealBin;
 use DlockCluster;
@@ -147,6 +148,28 @@ dlock.max_ttl = '1h'
 	$node->safe_psql('postgres', q{TRUNCATE woken; SELECT dlock.forget('sbp'), dlock.forget('sb')});
 
 	#
+	# c2. With client_connection_check_interval, a waiter whose client dies
+	#     gives up: it is not granted the key afterwards.
+	#
+	$node->safe_psql('postgres', q{SELECT dlock.try_acquire('cc', '1 hour')});
+	my ($ccin, $ccout, $ccerr) = ('', '', '');
+	my $cc = IPC::Run::start(
+		[ 'psql', '-X', '-h', $node->host, '-p', $node->port, '-d', 'postgres',
+		  '-c', q{SET client_connection_check_interval = '500ms'; SET application_name = 'cc_waiter'; SELECT dlock.acquire('cc', '1 hour', wait => NULL)} ],
+		\$ccin, \$ccout, \$ccerr);
+	ok($node->poll_query_until('postgres', q{
+			SELECT count(*) = 1 FROM pg_stat_activity
+			WHERE application_name = 'cc_waiter' AND wait_event_type = 'Extension'}),
+		"$mode: c2: the waiter sleeps");
+	$cc->kill_kill;
+	ok($node->poll_query_until('postgres', q{
+			SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'cc_waiter'}),
+		"$mode: c2: its client killed, the waiting backend exits");
+	$node->safe_psql('postgres', q{SELECT dlock.forget('cc')});
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM dlock.lease_status WHERE key = 'cc'}),
+		'0', "$mode: c2: nobody is granted the key for the dead client");
+
+	#
 	# d. lock_delay per permit.
 	#
 	$node->safe_psql('postgres',
@@ -236,7 +259,7 @@ dlock.max_ttl = '1h'
 	my ($ob2, $ob2pid) = backend_session($node, 'postgres');
 	$ob2->query_until(qr/watching/, q{
 		\echo watching
-		SELECT * FROM dlock.observe('never-granted', 0, '60 s');
+		SELECT * FROM dlock.observe('never-granted', 0, '60 s', NULL, true);
 	});
 	ok(sleeps_in_dlock($node, 'postgres', $ob2pid), "$mode: g: an observer of a key nobody holds sleeps");
 	$node->safe_psql('postgres', "SELECT pg_cancel_backend($ob2pid)");
