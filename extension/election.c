@@ -197,6 +197,18 @@ judge(const DlockLeaseRow *row, TimestampTz now, int64 after_fence,
 }
 
 /*
+ * row, unless it is only the head of a key that has only ever had permits
+ * or shared leases: no lease of its own (token 0), as if it had no row.
+ */
+static DlockLeaseRow *
+no_head(DlockLeaseRow *row)
+{
+	if (row != NULL && !row->lease.unknown && row->lease.fence == 0)
+		return NULL;
+	return row;
+}
+
+/*
  * Look at key for observe(): judge its lease (*row, NULL when none), and
  * confirm an expiry under the key's grant lock, as a grant does: a renewal
  * checked in time may still be committing.  Only with the lock free at
@@ -210,7 +222,7 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 	TimestampTz now;
 	Sight		sight;
 
-	*row = dlock_storage_read_row(k, len);
+	*row = no_head(dlock_storage_read_row(k, len));
 	sight = judge(*row, GetCurrentTimestamp(), after_fence, seen_end,
 				  ref, ref_set, wake_at);
 	if (sight != SIGHT_CONFIRM)
@@ -219,7 +231,7 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 		return SIGHT_REPORT;	/* no lock to take; nothing commits here */
 	if (!dlock_lock_for_grant(k, len))
 		return SIGHT_BUSY;
-	*row = dlock_storage_read_row(k, len);
+	*row = no_head(dlock_storage_read_row(k, len));
 	now = GetCurrentTimestamp();
 	sight = judge(*row, now, after_fence, seen_end, ref, ref_set, wake_at);
 	if (sight == SIGHT_CONFIRM)

@@ -23,6 +23,8 @@
 #    unknown until the horizon (leader() shows nobody, grants wait), and
 #    afterwards the new tokens are above every old one and the old ones
 #    are refused; in table mode the permits survive the restart.
+# i. A key of 512 bytes takes permits (its slot keys are longer than any
+#    key), and a permit's notification names the key and the permit.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -271,6 +273,34 @@ dlock.max_ttl = '1h'
 	like($ob2->{stderr}, qr/canceling statement/, "$mode: g: ... after the cancel's error");
 	$finish->($ob, $obpid);
 	$finish->($ob2, $ob2pid);
+
+	#
+	# i. A key of the longest length, 512 bytes, with permits (its slot
+	#    keys are longer than any key) and a NOTIFY naming the permit.
+	#
+	my $long = 'k' x 512;
+	is($node->safe_psql('postgres', qq{
+			SELECT count(*) FROM generate_series(1, 3),
+				LATERAL dlock.try_acquire('$long', '1 hour', permits => 1000)}),
+		'3', "$mode: i: three permits of a 512-byte key");
+	is($node->safe_psql('postgres', qq{
+			SELECT count(*) FILTER (WHERE dlock.check_fence(key, fence)) || ' '
+				|| string_agg(permit::text, ',' ORDER BY permit)
+			FROM dlock.lease_status WHERE key = '$long'}),
+		'3 1,2,3', "$mode: i: each fences writes, shown as permits 1 to 3");
+	my ($l2, $l2pid) = backend_session($node, 'postgres');
+	$l2->query_safe('LISTEN dlock');
+	$node->safe_psql('postgres', q{
+		SET dlock.notify = on;
+		SELECT dlock.try_acquire('np', '1 hour', permits => 2);
+		SELECT dlock.try_acquire('np', '1 hour', permits => 2);
+	});
+	my $got = $l2->query_safe('SELECT 1');
+	like($got, qr/"event":"grant","key":"np","permit":2,"fence":\d+/,
+		"$mode: i: a permit's notification names the key and the permit");
+	$l2->quit;
+	is($node->safe_psql('postgres', qq{SELECT dlock.forget('$long')}),
+		't', "$mode: i: forget() of the long key");
 
 	#
 	# h. A restart, in a database of its own whose leases are short (in
