@@ -307,7 +307,7 @@ dlock_define_settings(void)
 								NULL);
 		DefineCustomIntVariable("dlock.memory_max_keys",
 								gettext_noop("Keys whose leases shared memory can hold, with dlock.storage = memory."),
-								gettext_noop("Each takes about 1.7 kB; a grant of a new key fails when they are all in use, until dlock.prune() frees some."),
+								gettext_noop("Each takes about 2.7 kB; a grant of a new key fails when they are all in use, until dlock.prune() frees some."),
 								&dlock_memory_max_keys,
 								10000,
 								100,

@@ -279,10 +279,9 @@ dlock.max_ttl = '1h'
 	#    keys are longer than any key) and a NOTIFY naming the permit.
 	#
 	my $long = 'k' x 512;
-	is($node->safe_psql('postgres', qq{
-			SELECT count(*) FROM generate_series(1, 3),
-				LATERAL dlock.try_acquire('$long', '1 hour', permits => 1000)}),
-		'3', "$mode: i: three permits of a 512-byte key");
+	is($node->safe_psql('postgres', join("\n", map {
+				qq{SELECT count(*) FROM dlock.try_acquire('$long', '1 hour', permits => 1000);} } 1 .. 3)),
+		"1\n1\n1", "$mode: i: three permits of a 512-byte key");
 	is($node->safe_psql('postgres', qq{
 			SELECT count(*) FILTER (WHERE dlock.check_fence(key, fence)) || ' '
 				|| string_agg(permit::text, ',' ORDER BY permit)
