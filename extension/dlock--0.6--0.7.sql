@@ -142,3 +142,23 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
 
 COMMENT ON FUNCTION dlock.observe(pg_catalog.text, pg_catalog.int8, pg_catalog.interval, pg_catalog.text, pg_catalog.bool) IS
 'wait up to wait for key to change after token after_fence (a new lease, its end, a new value); one row, or none at the deadline';
+
+-- Who waits for which key, and for what kind of lease (preloaded only).
+CREATE FUNCTION dlock.waiters(
+	OUT pid pg_catalog.int4,
+	OUT key pg_catalog.text,
+	OUT mode pg_catalog.text,
+	OUT permits pg_catalog.int4,
+	OUT waiting_since pg_catalog.timestamptz,
+	OUT "position" pg_catalog.int4)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'dlock_waiters'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE VIEW dlock.waiters AS
+	SELECT * FROM dlock.waiters();
+
+COMMENT ON VIEW dlock.waiters IS
+'acquirers queued for keys of this database: pid, key, the lease they ask for (exclusive, permit of permits, shared), since when, and their place in the key''s line; needs shared_preload_libraries = ''dlock''';
+
+GRANT SELECT ON dlock.waiters TO PUBLIC;

@@ -34,7 +34,7 @@
  *	keylock.c		the key locks by intent, with the conflict matrix;
  *					session marks; one waiter per WAL position
  *	wait.c			waiting: FIFO queues, waiter spaces, wake-ups, waiter
- *					counts, sleeping
+ *					counts, sleeping; SQL: the view dlock.waiters
  *	keyhash.c		the key's SHA-256 hash and its lock tag
  *	args.c			checking a call's arguments, parallel mode, read-only
  *	settings.c		the dlock.* settings
@@ -470,7 +470,7 @@ extern bool dlock_wait_keys_locked(void);
 extern void dlock_wait_xact_end(void);
 extern void dlock_wait_register(const char *key, int len, bool busy);
 extern void dlock_wait_unregister(const char *key, int len, bool busy);
-extern bool dlock_queue_enter(const char *key, int len);
+extern bool dlock_queue_enter(const char *key, int len, int32 permits);
 extern bool dlock_queue_is_head(void);
 extern bool dlock_queue_others(const char *key, int len);
 extern void dlock_queue_leave(void);

@@ -473,10 +473,10 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 						 errdetail("This transaction writes under the key, or renewed or released its lease, and other acquirers are waiting for the key: they would find it busy until this transaction ends."),
 						 errhint("Commit first, then call acquire() in a new transaction.")));
 			}
-			queued = dlock_queue_enter(k, len);
+			queued = dlock_queue_enter(k, len, opts->permits);
 			break;
 		case DLOCK_HELD_NONE:
-			queued = dlock_queue_enter(k, len);
+			queued = dlock_queue_enter(k, len, opts->permits);
 			break;
 	}
 	PG_TRY();

@@ -36,12 +36,14 @@
  *
  * Owns: the shared struct "dlock waits" (queue slots, tickets, bucket
  * counts) and its LWLock; the backend's registrations and the keys its
- * transaction locked.  Calls keyhash.c and common.c only.
+ * transaction locked; SQL: the view dlock.waiters.  Calls keyhash.c,
+ * args.c and common.c.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "storage/ipc.h"
@@ -51,19 +53,28 @@
 #include "storage/proc.h"
 #include "storage/shmem.h"
 #include "storage/sinvaladt.h"
+#include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 #include "utils/wait_event.h"
 
 #include "dlock.h"
 
-/* One backend's place in a key's queue; ticket 0 when it waits for none. */
+/*
+ * One backend's place in a key's queue; ticket 0 when it waits for none.
+ * The rest is what the view dlock.waiters shows.
+ */
 typedef struct WaitSlot
 {
 	Oid			dbid;
 	uint64		hash;
 	uint64		ticket;
+	int32		permits;		/* what it asks for (DlockGrantOptions) */
+	TimestampTz since;
+	int16		keylen;
+	char		key[DLOCK_MAX_KEY_BYTES];
 } WaitSlot;
 
 /*
@@ -332,7 +343,7 @@ queue_exit(int code, Datum arg)
  * queues (not preloaded).
  */
 bool
-dlock_queue_enter(const char *key, int len)
+dlock_queue_enter(const char *key, int len, int32 permits)
 {
 	static bool exit_registered = false;
 	WaitSlot   *slot;
@@ -353,6 +364,10 @@ dlock_queue_enter(const char *key, int len)
 	slot->dbid = MyDatabaseId;
 	slot->hash = hash;
 	slot->ticket = shared->next_ticket++;
+	slot->permits = permits;
+	slot->since = GetCurrentTimestamp();
+	slot->keylen = Min(len, DLOCK_MAX_KEY_BYTES);
+	memcpy(slot->key, key, slot->keylen);
 	pg_atomic_fetch_add_u32(&shared->queued[hash % WAIT_BUCKETS], 1);
 	LWLockRelease(shared->queue_lock);
 	my_slot = slot;
@@ -515,4 +530,62 @@ void
 dlock_wait_init(void)
 {
 	RegisterResourceReleaseCallback(wait_release_callback, NULL);
+}
+
+/*
+ * dlock.waiters(): the rows of the view dlock.waiters, the acquirers
+ * queued for keys of this database (only when preloaded: without it there
+ * are no queues, and no rows): their pid, the key, the kind of lease they
+ * ask for, since when they wait and their place in the key's line (1: the
+ * first, which looks at the key; the others wait for it to leave).
+ */
+PG_FUNCTION_INFO_V1(dlock_waiters);
+
+Datum
+dlock_waiters(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	WaitSlot   *copy;
+	int			n = 0;
+	int		   *procno;
+	int			i;
+	int			j;
+
+	dlock_no_parallel(fcinfo);
+	InitMaterializedSRF(fcinfo, 0);
+	if (shared == NULL)
+		return (Datum) 0;
+	copy = palloc(sizeof(WaitSlot) * shared->nslots);
+	procno = palloc(sizeof(int) * shared->nslots);
+	LWLockAcquire(shared->queue_lock, LW_SHARED);
+	for (i = 0; i < shared->nslots; i++)
+	{
+		if (shared->slots[i].ticket == 0 || shared->slots[i].dbid != MyDatabaseId)
+			continue;
+		copy[n] = shared->slots[i];
+		procno[n++] = i;
+	}
+	LWLockRelease(shared->queue_lock);
+	for (i = 0; i < n; i++)
+	{
+		Datum		values[6];
+		bool		nulls[6] = {0};
+		int			position = 1;
+		int32		permits = copy[i].permits;
+
+		for (j = 0; j < n; j++)
+			if (copy[j].hash == copy[i].hash && copy[j].ticket < copy[i].ticket)
+				position++;
+		values[0] = Int32GetDatum(GetPGProcByNumber(procno[i])->pid);
+		values[1] = PointerGetDatum(cstring_to_text_with_len(copy[i].key,
+															 copy[i].keylen));
+		values[2] = CStringGetTextDatum(permits == 0 ? "shared" :
+										permits == 1 ? "exclusive" : "permit");
+		values[3] = Int32GetDatum(permits);
+		nulls[3] = (permits == 0);
+		values[4] = TimestampTzGetDatum(copy[i].since);
+		values[5] = Int32GetDatum(position);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
 }

@@ -11,7 +11,8 @@
 #    permit is woken at once, and the old token is refused.
 # d. lock_delay is per permit: an expired permit with a delay stays
 #    ungrantable for the delay, the others do not.
-# e. Counters: dlock.stats counts a key's permits under the key.
+# e. Counters: dlock.stats counts a key's permits under the key.  The view
+#    dlock.waiters shows who waits for what, in which place (a, b).
 # f. dlock.notify: with it on, a LISTEN session receives one JSON
 #    notification per grant, takeover, proclaim, release and noticed
 #    expiry, naming the key and token; none for a rolled-back grant, none
@@ -89,6 +90,13 @@ dlock.max_ttl = '1h'
 			q{SELECT count(*) FROM dlock.try_acquire('rw', '1 hour', mode => 'shared')}),
 		'0', "$mode: a: no new shared lease while an exclusive acquirer waits");
 	my ($r, $rpid) = $start_waiter->('r', 'rw', ", mode => 'shared'");
+	is($node->safe_psql('postgres', qq{
+			SELECT string_agg(mode || ':' || coalesce(permits::text, '-') || ':' || position
+				|| ':' || (pid = CASE mode WHEN 'exclusive' THEN $xpid ELSE $rpid END), ' '
+				ORDER BY position)
+			FROM dlock.waiters WHERE key = 'rw'}),
+		'exclusive:1:1:true shared:-:2:true',
+		"$mode: a: dlock.waiters shows the exclusive waiter first, the shared one behind it");
 	$node->safe_psql('postgres', "SELECT dlock.release('rw', '$so1')");
 	sleep 0.3;
 	is($woken->(), '', "$mode: a: one shared holder left, the exclusive waiter still waits");
@@ -121,6 +129,10 @@ dlock.max_ttl = '1h'
 	ok($wait_woken->(1), "$mode: b: a released permit goes to a waiter");
 	sleep 0.3;
 	is($woken->(), 'w1', "$mode: b: to the first in line, and to nobody else");
+	is($node->safe_psql('postgres', q{
+			SELECT string_agg(mode || ':' || permits || ':' || position, ' ' ORDER BY position)
+			FROM dlock.waiters WHERE key = 'sem'}),
+		'permit:2:1 permit:2:2', "$mode: b: dlock.waiters shows the two permit waiters left, in order");
 	$node->safe_psql('postgres', "SELECT dlock.release('sem', '$owners[1]')");
 	ok($wait_woken->(2), "$mode: b: the next release, the next waiter");
 	is($woken->(), 'w1 w2', "$mode: b: in arrival order");
