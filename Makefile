@@ -9,6 +9,7 @@ OBJS = \
 	extension/common.o \
 	extension/dlock.o \
 	extension/durable.o \
+	extension/election.o \
 	extension/events.o \
 	extension/fence.o \
 	extension/horizon.o \
@@ -30,15 +31,16 @@ EXTENSION = dlock
 DATA = extension/dlock--0.1.sql \
 	extension/dlock--0.1--0.2.sql extension/dlock--0.2--0.3.sql \
 	extension/dlock--0.3--0.4.sql extension/dlock--0.4--0.5.sql \
-	extension/dlock--0.5--0.6.sql
+	extension/dlock--0.5--0.6.sql extension/dlock--0.6--0.7.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
-REGRESS = lease_api lease_errors fence_trigger trust operate
+REGRESS = lease_api lease_errors fence_trigger trust operate election
 REGRESS_OPTS = --inputdir=. --load-extension=dlock
 ISOLATION = acquire_race stale_owner repeatable_read \
 	fence_takeover fence_stale_write fence_isolation fence_two_keys \
 	fence_savepoint renew_shortening no_wait_for_strangers \
-	renew_in_flight lock_delay session_bound_release
+	renew_in_flight lock_delay session_bound_release \
+	election_observe election_fence
 ISOLATION_OPTS = --load-extension=dlock
 TAP_TESTS = 1
 

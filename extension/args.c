@@ -233,6 +233,29 @@ dlock_holder_arg(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
+ * Return argument argno, an election's value (campaign, proclaim): never
+ * NULL, at most DLOCK_MAX_VALUE_BYTES long.
+ */
+text *
+dlock_value_arg(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *value;
+
+	if (PG_ARGISNULL(argno))
+		dlock_null_argument(fcinfo, "value");
+	value = PG_GETARG_TEXT_PP(argno);
+	if (VARSIZE_ANY_EXHDR(value) > DLOCK_MAX_VALUE_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("election value is too long"),
+				 errdetail("The value is %d bytes long; the limit is %d bytes.",
+						   (int) VARSIZE_ANY_EXHDR(value),
+						   DLOCK_MAX_VALUE_BYTES),
+				 errhint("Publish where to find the leader (an address, a name), not data.")));
+	return value;
+}
+
+/*
  * Return argument argno, a lock_delay, in microseconds: 0 when NULL or
  * absent (a function of an older version has no such argument).  Capped
  * like a ttl, by dlock.max_ttl: a delay is a time the key cannot be had.

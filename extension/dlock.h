@@ -9,6 +9,7 @@
  *
  *	dlock.c			_PG_init: defines the settings, sets up every part
  *	shmem.c			the shared-memory request and startup hooks
+ *	election.c		SQL: campaign, proclaim, leader, observe
  *	lease.c			SQL: try_acquire, acquire, renew, release, prune,
  *					forget, lease_status; the rules of granting
  *	trigger.c		SQL: the fence_guard trigger (a row's key and token)
@@ -90,6 +91,9 @@
 /* Longest holder label, in bytes. */
 #define DLOCK_MAX_HOLDER_BYTES	1024
 
+/* Longest value of an election (campaign, proclaim), in bytes. */
+#define DLOCK_MAX_VALUE_BYTES	1024
+
 /*
  * Durations beyond this many microseconds (about 31 years) exceed any
  * dlock.max_ttl, mean "no limit" for a wait, and are older than any lease
@@ -147,6 +151,7 @@ typedef struct DlockKeyState
 typedef struct DlockGrantOptions
 {
 	text	   *holder;			/* label, or NULL */
+	text	   *value;			/* campaign's value, or NULL */
 	int64		lock_delay;		/* microseconds, 0 for none */
 	bool		session_bound;
 } DlockGrantOptions;
@@ -161,6 +166,7 @@ typedef struct DlockLeaseRow
 	text	   *key;
 	DlockLease	lease;
 	text	   *holder;			/* NULL when none */
+	text	   *value;			/* NULL when none */
 	bool		has_pid;
 	int32		pid;
 	text	   *application_name;	/* NULL when unknown */
@@ -197,7 +203,26 @@ typedef struct DlockSection
 /* shmem.c */
 extern void dlock_shmem_init(void);
 
-/* lease.c: SQL functions only */
+/* election.c: SQL functions only */
+
+/* lease.c */
+typedef struct DlockAcquireArgs
+{
+	text	   *key;
+	int64		ttl;
+	bool		bounded;		/* wait has a limit ... */
+	int64		wait;			/* ... of this many microseconds */
+	int			wait_argno;		/* the wait argument, for messages */
+	DlockGrantOptions opts;
+} DlockAcquireArgs;
+extern void dlock_acquire_lease(FunctionCallInfo fcinfo,
+								const DlockAcquireArgs *args,
+								DlockLease *lease);
+extern Datum dlock_lease_result(FunctionCallInfo fcinfo, text *key,
+								DlockLease *lease);
+extern bool dlock_begin_owner_op(const char *k, int len,
+								 const pg_uuid_t *owner, DlockLease *lease,
+								 TimestampTz *now);
 
 /* fence.c */
 extern void dlock_fence_init(void);
@@ -236,6 +261,8 @@ extern void dlock_log_grant(const char *key, int len, const DlockLease *prev,
 							const DlockGrantOptions *opts, bool takeover);
 extern void dlock_log_release(const char *key, int len,
 							  const DlockLease *lease, int64 held);
+extern void dlock_log_proclaim(const char *key, int len,
+							   const DlockLease *lease, const text *value);
 
 /* storage.c */
 extern void dlock_storage_init(void);
@@ -245,6 +272,8 @@ extern bool dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 								const DlockGrantOptions *opts,
 								DlockLease *lease);
 extern void dlock_storage_set_end(text *key, TimestampTz end, bool release);
+extern void dlock_storage_set_value(text *key, text *value);
+extern DlockLeaseRow *dlock_storage_read_row(const char *key, int len);
 extern List *dlock_storage_scan(void);
 extern List *dlock_storage_old_keys(TimestampTz cutoff);
 extern bool dlock_storage_delete_old(text *key, TimestampTz cutoff,
@@ -277,6 +306,9 @@ extern bool dlock_table_put_grant(DlockTableChange *c, const char *k, int len,
 								  const DlockGrantOptions *opts);
 extern void dlock_table_put_end(DlockTableChange *c, const char *k, int len,
 								TimestampTz end, bool release);
+extern void dlock_table_put_value(DlockTableChange *c, const char *k, int len,
+								  const text *value);
+extern DlockLeaseRow *dlock_table_read_row(const char *key, int len);
 extern List *dlock_table_scan(void);
 extern List *dlock_table_old_keys(TimestampTz cutoff);
 extern bool dlock_table_delete_old(const char *k, int len, TimestampTz cutoff,
@@ -290,7 +322,9 @@ extern void dlock_memstore_shmem_request(void);
 extern void dlock_memstore_shmem_startup(void);
 extern void dlock_mem_read(const char *key, int len, DlockLease *lease);
 extern void dlock_mem_write(const char *key, int len, const DlockLease *lease,
-							bool meta, const text *holder);
+							const DlockGrantOptions *grant);
+extern void dlock_mem_write_value(const char *key, int len, const text *value);
+extern DlockLeaseRow *dlock_mem_read_row(const char *key, int len);
 extern List *dlock_mem_scan(void);
 extern bool dlock_mem_delete_old(const char *key, int len, TimestampTz cutoff,
 								 bool force);
@@ -442,6 +476,7 @@ extern bool dlock_bool_arg(FunctionCallInfo fcinfo, int argno, const char *name,
 extern int64 dlock_age_arg(FunctionCallInfo fcinfo, int argno);
 extern pg_uuid_t *dlock_owner_arg(FunctionCallInfo fcinfo, int argno);
 extern text *dlock_holder_arg(FunctionCallInfo fcinfo, int argno);
+extern text *dlock_value_arg(FunctionCallInfo fcinfo, int argno);
 extern char *dlock_interval_text(FunctionCallInfo fcinfo, int argno);
 
 /* settings.c */
@@ -450,6 +485,7 @@ extern bool dlock_fence_bypass;
 extern int	dlock_max_hold_ms;
 extern int	dlock_stats_max;
 extern bool dlock_log_events;
+extern bool dlock_notify;
 extern bool dlock_async_release;
 extern int	dlock_horizon_margin_ms;
 extern int	dlock_storage_mode;

@@ -2,8 +2,10 @@
  *
  * events.c
  *		The LOG lines of dlock.log_events: one per grant, takeover, noticed
- *		expiry, release and refused stale write, in a fixed key=value format
- *		that starts with "dlock event=".
+ *		expiry, release, proclaim and refused stale write, in a fixed
+ *		key=value format that starts with "dlock event=".  And the NOTIFYs
+ *		of dlock.notify, on channel "dlock", for the same events but the
+ *		refusals, with a JSON payload.
  *
  * Values that a parser must be able to split are double-quoted and
  * escaped; times are UTC, ISO 8601 with microseconds, whatever the
@@ -17,7 +19,11 @@
  */
 #include "postgres.h"
 
+#include "access/parallel.h"
+#include "access/xlog.h"
+#include "commands/async.h"
 #include "commands/dbcommands.h"
+#include "utils/json.h"
 #include "miscadmin.h"
 #include "utils/datetime.h"
 #include "utils/timestamp.h"
@@ -92,6 +98,35 @@ emit(StringInfo buf)
 	pfree(buf->data);
 }
 
+/*
+ * With dlock.notify, queue a NOTIFY on channel "dlock" for event ev of key
+ * (token fence; previous, when not 0, the token it took over from): sent
+ * when the transaction commits, dropped if it aborts.  A JSON object,
+ * at most about 3.2 kB (a 512-byte key, each byte escaped), within
+ * NOTIFY's 8000.  Never during recovery, nor in a parallel worker, where
+ * NOTIFY is not allowed.
+ */
+static void
+notify(const char *ev, const char *key, int len, int64 fence, int64 previous)
+{
+	StringInfoData buf;
+	char	   *k;
+
+	if (!dlock_notify || IsParallelWorker() || RecoveryInProgress())
+		return;
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "{\"event\":\"%s\",\"key\":", ev);
+	k = pnstrdup(key, len);
+	escape_json(&buf, k);
+	pfree(k);
+	appendStringInfo(&buf, ",\"fence\":" INT64_FORMAT, fence);
+	if (previous != 0)
+		appendStringInfo(&buf, ",\"previous_fence\":" INT64_FORMAT, previous);
+	appendStringInfoChar(&buf, '}');
+	Async_Notify("dlock", buf.data);
+	pfree(buf.data);
+}
+
 /* Log the end by expiry of *lease, held for held microseconds. */
 void
 dlock_log_expired(const char *key, int len, const DlockLease *lease,
@@ -99,6 +134,7 @@ dlock_log_expired(const char *key, int len, const DlockLease *lease,
 {
 	StringInfoData buf;
 
+	notify("expired", key, len, lease->fence, 0);
 	if (!dlock_log_events)
 		return;
 	start_line(&buf, "expired", key, len);
@@ -139,6 +175,8 @@ dlock_log_grant(const char *key, int len, const DlockLease *prev,
 {
 	StringInfoData buf;
 
+	notify(takeover ? "takeover" : "grant", key, len, lease->fence,
+		   takeover ? prev->fence : 0);
 	if (!dlock_log_events)
 		return;
 	start_line(&buf, takeover ? "takeover" : "grant", key, len);
@@ -165,10 +203,27 @@ dlock_log_release(const char *key, int len, const DlockLease *lease,
 {
 	StringInfoData buf;
 
+	notify("release", key, len, lease->fence, 0);
 	if (!dlock_log_events)
 		return;
 	start_line(&buf, "release", key, len);
 	appendStringInfo(&buf, " fence=" INT64_FORMAT " held_ms=" INT64_FORMAT,
 					 lease->fence, held / 1000);
+	emit(&buf);
+}
+
+/* Log a proclaim: the holder of *lease published value. */
+void
+dlock_log_proclaim(const char *key, int len, const DlockLease *lease,
+				   const text *value)
+{
+	StringInfoData buf;
+
+	notify("proclaim", key, len, lease->fence, 0);
+	if (!dlock_log_events)
+		return;
+	start_line(&buf, "proclaim", key, len);
+	appendStringInfo(&buf, " fence=" INT64_FORMAT " value=", lease->fence);
+	append_quoted(&buf, VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
 	emit(&buf);
 }

@@ -311,8 +311,8 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
  * one row, or none when lease is NULL; else (the 0.1 definition) the
  * dlock.lease, or NULL.
  */
-static Datum
-lease_result(FunctionCallInfo fcinfo, text *key, DlockLease *lease)
+Datum
+dlock_lease_result(FunctionCallInfo fcinfo, text *key, DlockLease *lease)
 {
 	TupleDesc	tupdesc;
 	Datum		values[4];
@@ -370,6 +370,7 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 	key = dlock_key_arg(fcinfo, 0);
 	ttl = dlock_ttl_arg(fcinfo, 1);
 	opts.holder = dlock_holder_arg(fcinfo, 2);
+	opts.value = NULL;
 	opts.lock_delay = dlock_lock_delay_arg(fcinfo, 3);
 	opts.session_bound = dlock_bool_arg(fcinfo, 4, "session_bound", false);
 	k = VARDATA_ANY(key);
@@ -379,9 +380,52 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 		attempt_grant(key, ttl, &opts, &lease, &until) != GRANT_OK)
 	{
 		dlock_count(k, len, DLOCK_EV_CONTENDED);
-		return lease_result(fcinfo, key, NULL);
+		return dlock_lease_result(fcinfo, key, NULL);
 	}
-	return lease_result(fcinfo, key, &lease);
+	return dlock_lease_result(fcinfo, key, &lease);
+}
+
+/*
+ * Grant args->key as dlock.acquire does (election.c's campaign too): wait
+ * up to args->wait (unbounded: no limit of its own) for the lease to be
+ * released or to expire, counting the wait; raise 55P03 when it does not
+ * happen in time.  *lease is the new lease.
+ */
+void
+dlock_acquire_lease(FunctionCallInfo fcinfo, const DlockAcquireArgs *args,
+					DlockLease *lease)
+{
+	text	   *key = args->key;
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	TimestampTz deadline;
+	int64		waited;
+	GrantResult r;
+
+	deadline = GetCurrentTimestamp() + (args->bounded ? args->wait : 0);
+	r = grant_waiting(key, args->ttl, &args->opts, args->bounded, deadline,
+					  lease, &waited);
+	if (r != GRANT_OK || waited > 0)
+		dlock_count_wait(k, len, waited);
+	if (r != GRANT_OK)
+	{
+		dlock_count(k, len, DLOCK_EV_TIMEOUT);
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("could not acquire the lease on \"%s\" within %s",
+						text_to_cstring(key),
+						dlock_interval_text(fcinfo, args->wait_argno)),
+				 r == GRANT_HELD && dlock_lease_is_live(lease, GetCurrentTimestamp()) ?
+				 errdetail("Another owner holds the lease until %s.",
+						   timestamptz_to_str(lease->expires_at)) :
+				 r == GRANT_HELD ?
+				 errdetail("The key's last lease expired unreleased with a lock delay, which lasts until %s.",
+						   timestamptz_to_str(lease->expires_at + lease->lock_delay)) :
+				 r == GRANT_QUEUED ?
+				 errdetail("Other acquirers of the key were waiting before this one.") :
+				 errdetail("A grant or release not yet committed, or a transaction writing under the key's expired lease, kept the key locked."),
+				 errhint("Retry later, or pass a longer wait.")));
+	}
 }
 
 /*
@@ -393,52 +437,23 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 Datum
 dlock_acquire(PG_FUNCTION_ARGS)
 {
-	text	   *key;
-	int64		ttl;
-	DlockGrantOptions opts;
-	int64		wait = 0;
-	int64		waited;
-	bool		bounded;
-	TimestampTz deadline;
+	DlockAcquireArgs args;
 	DlockLease	lease;
-	GrantResult r;
-	const char *k;
-	int			len;
 
 	dlock_no_parallel(fcinfo);
 	dlock_check_writable();
-	key = dlock_key_arg(fcinfo, 0);
-	ttl = dlock_ttl_arg(fcinfo, 1);
-	bounded = dlock_wait_arg(fcinfo, 2, &wait);
-	opts.holder = dlock_holder_arg(fcinfo, 3);
-	opts.lock_delay = dlock_lock_delay_arg(fcinfo, 4);
-	opts.session_bound = dlock_bool_arg(fcinfo, 5, "session_bound", false);
-	deadline = GetCurrentTimestamp() + (bounded ? wait : 0);
-	k = VARDATA_ANY(key);
-	len = VARSIZE_ANY_EXHDR(key);
+	args.key = dlock_key_arg(fcinfo, 0);
+	args.ttl = dlock_ttl_arg(fcinfo, 1);
+	args.wait = 0;
+	args.bounded = dlock_wait_arg(fcinfo, 2, &args.wait);
+	args.wait_argno = 2;
+	args.opts.holder = dlock_holder_arg(fcinfo, 3);
+	args.opts.value = NULL;
+	args.opts.lock_delay = dlock_lock_delay_arg(fcinfo, 4);
+	args.opts.session_bound = dlock_bool_arg(fcinfo, 5, "session_bound", false);
 
-	r = grant_waiting(key, ttl, &opts, bounded, deadline, &lease, &waited);
-	if (r != GRANT_OK || waited > 0)
-		dlock_count_wait(k, len, waited);
-	if (r != GRANT_OK)
-	{
-		dlock_count(k, len, DLOCK_EV_TIMEOUT);
-		ereport(ERROR,
-				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("could not acquire the lease on \"%s\" within %s",
-						text_to_cstring(key), dlock_interval_text(fcinfo, 2)),
-				 r == GRANT_HELD && dlock_lease_is_live(&lease, GetCurrentTimestamp()) ?
-				 errdetail("Another owner holds the lease until %s.",
-						   timestamptz_to_str(lease.expires_at)) :
-				 r == GRANT_HELD ?
-				 errdetail("The key's last lease expired unreleased with a lock delay, which lasts until %s.",
-						   timestamptz_to_str(lease.expires_at + lease.lock_delay)) :
-				 r == GRANT_QUEUED ?
-				 errdetail("Other acquirers of the key were waiting before this one.") :
-				 errdetail("A grant or release not yet committed, or a transaction writing under the key's expired lease, kept the key locked."),
-				 errhint("Retry later, or pass a longer wait.")));
-	}
-	return lease_result(fcinfo, key, &lease);
+	dlock_acquire_lease(fcinfo, &args, &lease);
+	return dlock_lease_result(fcinfo, args.key, &lease);
 }
 
 /* Does owner hold the lease *lease, live at now? */
@@ -463,8 +478,8 @@ owns(const DlockLease *lease, const pg_uuid_t *owner, TimestampTz now)
  * we must wait for it and look again, or we would tell a holder whose
  * lease was renewed in time that it lost it.
  */
-static bool
-begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
+bool
+dlock_begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
 			   DlockLease *lease, TimestampTz *now)
 {
 	dlock_read_lease(k, len, lease);
@@ -526,7 +541,7 @@ dlock_renew(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 
-	if (!begin_owner_op(k, len, owner, &lease, &now))
+	if (!dlock_begin_owner_op(k, len, owner, &lease, &now))
 	{
 		dlock_count(k, len, DLOCK_EV_LOST_RENEWAL);
 		PG_RETURN_NULL();
@@ -573,7 +588,7 @@ dlock_release(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 
-	if (!begin_owner_op(k, len, owner, &lease, &now))
+	if (!dlock_begin_owner_op(k, len, owner, &lease, &now))
 		PG_RETURN_BOOL(false);
 	/* only now queue behind the writers: a stranger never gets here */
 	dlock_lock_for_ending(k, len);

@@ -55,10 +55,11 @@
 
 /*
  * Columns of dlock.leases, in the order of the install script.  Versions
- * 0.1 and 0.2 have only the first six: until ALTER EXTENSION dlock UPDATE
- * the others read as NULL and are not written.
+ * 0.1 and 0.2 have only the first six, 0.3 to 0.6 the first eleven: until
+ * ALTER EXTENSION dlock UPDATE the others read as NULL and are not written
+ * (and the functions that need them do not exist).
  */
-#define Natts_leases			11
+#define Natts_leases			12
 #define Anum_leases_key			1
 #define Anum_leases_fence		2
 #define Anum_leases_owner		3
@@ -70,6 +71,7 @@
 #define Anum_leases_session_id	9
 #define Anum_leases_lock_delay	10
 #define Anum_leases_hold_limit	11
+#define Anum_leases_value		12
 
 /*
  * Open dlock.leases with lockmode, after making sure that ids are valid.
@@ -306,10 +308,17 @@ dlock_table_read(const char *key, int len, DlockLease *lease)
 void
 dlock_table_check_grant(DlockTableChange *c, const DlockGrantOptions *opts)
 {
-	if (opts->session_bound && RelationGetDescr(c->rel)->natts < Natts_leases)
+	int			natts = RelationGetDescr(c->rel)->natts;
+
+	if (opts->session_bound && natts < Anum_leases_hold_limit)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("session-bound leases need dlock 0.3"),
+				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
+	if (opts->value != NULL && natts < Anum_leases_value)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("election values need dlock 0.7"),
 				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
 }
 
@@ -363,6 +372,8 @@ dlock_table_put_grant(DlockTableChange *c, const char *k, int len,
 		nulls[Anum_leases_lock_delay - 1] = true;
 	values[Anum_leases_hold_limit - 1] = TimestampTzGetDatum(lease->hold_limit);
 	nulls[Anum_leases_hold_limit - 1] = (lease->hold_limit == DT_NOEND);
+	values[Anum_leases_value - 1] = PointerGetDatum(opts->value);
+	nulls[Anum_leases_value - 1] = (opts->value == NULL);
 	/* before ALTER EXTENSION UPDATE, the table has only the first columns */
 	natts = Min(desc->natts, Natts_leases);
 
@@ -462,6 +473,87 @@ dlock_table_put_end(DlockTableChange *c, const char *k, int len,
 }
 
 /*
+ * Set the value of the lease of key (held: the caller checked its owner
+ * under the owner-op lock), keeping everything else (c from
+ * dlock_table_begin_change).
+ */
+void
+dlock_table_put_value(DlockTableChange *c, const char *k, int len,
+					  const text *value)
+{
+	Relation	rel = c->rel;
+	HeapTuple	old;
+	HeapTuple	tup;
+	Datum		values[Natts_leases] = {0};
+	bool		nulls[Natts_leases] = {0};
+	bool		replace[Natts_leases] = {0};
+
+	if (RelationGetDescr(rel)->natts < Anum_leases_value)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("election values need dlock 0.7"),
+				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
+	old = fetch_row(rel, k, len);
+	if (old == NULL)
+		elog(ERROR, "dlock: lease row of a held key vanished");
+	values[Anum_leases_value - 1] = PointerGetDatum(value);
+	replace[Anum_leases_value - 1] = true;
+	tup = heap_modify_tuple(old, RelationGetDescr(rel), values, nulls, replace);
+	simple_heap_update(rel, &old->t_self, tup);
+	if (!HeapTupleIsHeapOnly(tup))
+		insert_index_entries(rel, tup);
+	CommandCounterIncrement();
+}
+
+/* A row for the views, or for dlock.leader and dlock.observe, from tup. */
+static DlockLeaseRow *
+make_row(Relation rel, HeapTuple tup)
+{
+	DlockLeaseRow *row = palloc0(sizeof(DlockLeaseRow));
+	bool		isnull;
+	Datum		d;
+
+	row_to_lease(rel, tup, &row->lease);
+	row->key = DatumGetTextPCopy(column(rel, tup, Anum_leases_key, &isnull));
+	d = column(rel, tup, Anum_leases_holder, &isnull);
+	if (!isnull)
+		row->holder = DatumGetTextPCopy(d);
+	d = column(rel, tup, Anum_leases_value, &isnull);
+	if (!isnull)
+		row->value = DatumGetTextPCopy(d);
+	d = column(rel, tup, Anum_leases_pid, &isnull);
+	row->has_pid = !isnull;
+	if (!isnull)
+		row->pid = DatumGetInt32(d);
+	d = column(rel, tup, Anum_leases_application_name, &isnull);
+	if (!isnull)
+		row->application_name = DatumGetTextPCopy(d);
+	return row;
+}
+
+/*
+ * Return the row of key, with a fresh snapshot, or NULL when the key has
+ * none.
+ */
+DlockLeaseRow *
+dlock_table_read_row(const char *key, int len)
+{
+	Relation	rel;
+	HeapTuple	tup;
+	DlockLeaseRow *row = NULL;
+
+	rel = open_leases(AccessShareLock);
+	tup = fetch_row(rel, key, len);
+	if (tup)
+	{
+		row = make_row(rel, tup);
+		heap_freetuple(tup);
+	}
+	table_close(rel, AccessShareLock);
+	return row;
+}
+
+/*
  * Return every row of dlock.leases (a List of DlockLeaseRow), as of a
  * fresh snapshot, for the views.
  */
@@ -476,25 +568,7 @@ dlock_table_scan(void)
 	rel = open_leases(AccessShareLock);
 	scan = systable_beginscan(rel, InvalidOid, false, SnapshotSelf, 0, NULL);
 	while (HeapTupleIsValid(tup = systable_getnext(scan)))
-	{
-		DlockLeaseRow *row = palloc0(sizeof(DlockLeaseRow));
-		bool		isnull;
-		Datum		d;
-
-		row_to_lease(rel, tup, &row->lease);
-		row->key = DatumGetTextPCopy(column(rel, tup, Anum_leases_key, &isnull));
-		d = column(rel, tup, Anum_leases_holder, &isnull);
-		if (!isnull)
-			row->holder = DatumGetTextPCopy(d);
-		d = column(rel, tup, Anum_leases_pid, &isnull);
-		row->has_pid = !isnull;
-		if (!isnull)
-			row->pid = DatumGetInt32(d);
-		d = column(rel, tup, Anum_leases_application_name, &isnull);
-		if (!isnull)
-			row->application_name = DatumGetTextPCopy(d);
-		rows = lappend(rows, row);
-	}
+		rows = lappend(rows, make_row(rel, tup));
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return rows;

@@ -97,8 +97,10 @@ typedef struct MemVersion
 	int32		pid;
 	bool		has_pid;
 	int16		holder_len;		/* -1: no holder */
+	int16		value_len;		/* -1: no value */
 	char		application_name[NAMEDATALEN];	/* "": none */
 	char		holder[DLOCK_MAX_HOLDER_BYTES];
+	char		value[DLOCK_MAX_VALUE_BYTES];	/* an election's (campaign) */
 } MemVersion;
 
 typedef struct MemEntry
@@ -395,6 +397,7 @@ read_shared(const MemTag *tag, MemVersion *v, bool full)
 		v->pid = 0;
 		v->has_pid = false;
 		v->holder_len = -1;
+		v->value_len = -1;
 		v->application_name[0] = '\0';
 	}
 }
@@ -686,6 +689,7 @@ pin_entry(const MemTag *tag)
 				memset(&e->v, 0, sizeof(MemVersion));
 				e->v.lease.hold_limit = DT_NOEND;
 				e->v.holder_len = -1;
+				e->v.value_len = -1;
 				e->pins = 1;
 			}
 		}
@@ -745,20 +749,32 @@ unpin_entry(const MemTag *tag)
 		count_entries(tag->db, -1);
 }
 
+/* Set *dst (len bytes at most) from t, NULL for none (*dst_len -1). */
+static void
+set_text(char *dst, int16 *dst_len, int max, const text *t)
+{
+	if (t == NULL)
+	{
+		*dst_len = -1;
+		return;
+	}
+	*dst_len = VARSIZE_ANY_EXHDR(t);
+	Assert(*dst_len <= max);
+	memcpy(dst, VARDATA_ANY(t), *dst_len);
+}
+
 /*
- * Record a change of key to *lease (with the holder and the grantor's
- * details when meta is set, else keeping the current ones) in this
- * transaction's overlay; it reaches shared memory at commit.  The caller
- * holds the key lock that serializes changes to the key.  The first change
- * of a key in the transaction pins its shared entry (pin_entry), which
- * fails when there is no room.
+ * Start a change of key in this transaction's overlay, from the version it
+ * sees (all of it unless full is false: a grant replaces the rest); it
+ * reaches shared memory at commit.  The caller holds the key lock that
+ * serializes changes to the key, and fills in the change.  The first
+ * change of a key in the transaction pins its shared entry (pin_entry),
+ * which fails when there is no room.
  */
-void
-dlock_mem_write(const char *key, int len, const DlockLease *lease,
-				bool meta, const text *holder)
+static MemChange *
+begin_write(const char *key, int len, bool full)
 {
 	MemTag		tag;
-	MemVersion	v;
 	MemChange  *c;
 	MemLatest  *l;
 	bool		found;
@@ -767,8 +783,6 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 	HTAB	   *o;
 
 	make_tag(&tag, key, len);
-	read_version(&tag, &v, !meta);
-
 	if (my_change(&tag) == NULL)
 	{
 		created = pin_entry(&tag);
@@ -777,14 +791,33 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 
 	o = overlay(true);
 	c = MemoryContextAllocZero(TopTransactionContext, sizeof(MemChange));
+	read_version(&tag, &c->v, full);
 	c->tag = tag;
 	c->subid = GetCurrentSubTransactionId();
 	c->created = created;
 	c->pinned = pinned;
-	if (!meta)
-		memcpy(&c->v, &v, sizeof(MemVersion));	/* keep holder and grantor */
+
+	l = hash_search(o, &tag, HASH_ENTER, &found);
+	c->prev_same = found ? l->change : NULL;
+	l->change = c;
+	c->prev_log = mine_log;
+	mine_log = c;
+	return c;
+}
+
+/*
+ * Record a change of key to *lease in this transaction's overlay: for a
+ * grant (grant set), with its holder label and value and the grantor's
+ * details; else keeping the current ones.
+ */
+void
+dlock_mem_write(const char *key, int len, const DlockLease *lease,
+				const DlockGrantOptions *grant)
+{
+	MemChange  *c = begin_write(key, len, grant == NULL);
+
 	c->v.lease = *lease;
-	if (meta)
+	if (grant != NULL)
 	{
 		c->v.pid = MyProcPid;
 		c->v.has_pid = true;
@@ -792,21 +825,22 @@ dlock_mem_write(const char *key, int len, const DlockLease *lease,
 			strlcpy(c->v.application_name, application_name, NAMEDATALEN);
 		else
 			c->v.application_name[0] = '\0';
-		if (holder != NULL)
-		{
-			c->v.holder_len = VARSIZE_ANY_EXHDR(holder);
-			Assert(c->v.holder_len <= DLOCK_MAX_HOLDER_BYTES);
-			memcpy(c->v.holder, VARDATA_ANY(holder), c->v.holder_len);
-		}
-		else
-			c->v.holder_len = -1;
+		set_text(c->v.holder, &c->v.holder_len, DLOCK_MAX_HOLDER_BYTES,
+				 grant->holder);
+		set_text(c->v.value, &c->v.value_len, DLOCK_MAX_VALUE_BYTES,
+				 grant->value);
 	}
+}
 
-	l = hash_search(o, &tag, HASH_ENTER, &found);
-	c->prev_same = found ? l->change : NULL;
-	l->change = c;
-	c->prev_log = mine_log;
-	mine_log = c;
+/* Record a new value of key's lease (proclaim), keeping the rest. */
+void
+dlock_mem_write_value(const char *key, int len, const text *value)
+{
+	MemChange  *c = begin_write(key, len, true);
+
+	if (!c->v.lease.found)
+		elog(ERROR, "dlock: lease of a held key vanished");
+	set_text(c->v.value, &c->v.value_len, DLOCK_MAX_VALUE_BYTES, value);
 }
 
 /*
@@ -937,10 +971,31 @@ make_row(const MemTag *tag, const MemVersion *v)
 	row->lease = v->lease;
 	if (v->holder_len >= 0)
 		row->holder = cstring_to_text_with_len(v->holder, v->holder_len);
+	if (v->value_len >= 0)
+		row->value = cstring_to_text_with_len(v->value, v->value_len);
 	row->has_pid = v->has_pid;
 	row->pid = v->pid;
 	if (v->application_name[0] != '\0')
 		row->application_name = cstring_to_text(v->application_name);
+	return row;
+}
+
+/*
+ * Return key's lease, with what the views show, as this transaction sees
+ * it; NULL when the key has none (storage.c applies the barrier).
+ */
+DlockLeaseRow *
+dlock_mem_read_row(const char *key, int len)
+{
+	MemTag		tag;
+	MemVersion *v = palloc(sizeof(MemVersion));
+	DlockLeaseRow *row = NULL;
+
+	make_tag(&tag, key, len);
+	read_version(&tag, v, true);
+	if (v->lease.found)
+		row = make_row(&tag, v);
+	pfree(v);
 	return row;
 }
 

@@ -46,6 +46,9 @@ int			dlock_stats_max = 5000;
 /* dlock.log_events: a LOG line per grant, takeover, expiry, release, refusal */
 bool		dlock_log_events = false;
 
+/* dlock.notify: a NOTIFY on channel dlock per grant, release, expiry... */
+bool		dlock_notify = false;
+
 /* dlock.async_release: release-only transactions commit asynchronously */
 bool		dlock_async_release = true;
 
@@ -235,6 +238,17 @@ dlock_define_settings(void)
 							 gettext_noop("Logs a line per grant, takeover, noticed expiry, release and refused stale write."),
 							 gettext_noop("The lines are LOG messages in a fixed key=value format, starting with \"dlock event=\"."),
 							 &dlock_log_events,
+							 false,
+							 PGC_SUSET,
+							 0,
+							 NULL,
+							 NULL,
+							 NULL);
+
+	DefineCustomBoolVariable("dlock.notify",
+							 gettext_noop("Sends a NOTIFY on channel \"dlock\" for every grant, takeover, noticed expiry, release and proclaim."),
+							 gettext_noop("The payload is a JSON object naming the event, the key and its token; it is sent when the transaction commits."),
+							 &dlock_notify,
 							 false,
 							 PGC_SUSET,
 							 0,

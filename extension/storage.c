@@ -48,6 +48,8 @@ typedef struct StorageMethods
 						  TimestampTz hold_limit,
 						  const DlockGrantOptions *opts, DlockLease *lease);
 	void		(*set_end) (text *key, TimestampTz end, bool release);
+	void		(*set_value) (text *key, text *value);
+	DlockLeaseRow *(*read_row) (const char *key, int len);
 	List	   *(*scan) (void);
 	List	   *(*old_keys) (TimestampTz cutoff);
 	bool		(*delete_old) (text *key, TimestampTz cutoff, bool force);
@@ -156,6 +158,28 @@ table_set_end(text *key, TimestampTz end, bool release)
 }
 
 /* Every row, each as a grant would meet it (an unknown owner before the horizon). */
+static void
+table_set_value(text *key, text *value)
+{
+	DlockTableChange c;
+
+	dlock_table_begin_change(&c);
+	dlock_table_put_value(&c, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), value);
+	dlock_table_end_change(&c);
+	/* acknowledged only once the synchronous standbys have it, as a renewal */
+	dlock_force_synchronous_commit();
+}
+
+static DlockLeaseRow *
+table_read_row(const char *key, int len)
+{
+	DlockLeaseRow *row = dlock_table_read_row(key, len);
+
+	if (row != NULL)
+		dlock_horizon_table_scanned(&row->lease);
+	return row;
+}
+
 static List *
 table_scan(void)
 {
@@ -179,6 +203,8 @@ static const StorageMethods table_methods = {
 	.read = table_read,
 	.grant = table_grant,
 	.set_end = table_set_end,
+	.set_value = table_set_value,
+	.read_row = table_read_row,
 	.scan = table_scan,
 	.old_keys = dlock_table_old_keys,
 	.delete_old = table_delete_old,
@@ -245,7 +271,7 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 	dlock_raise_synchronous_commit();
 	dlock_secure_drawn_token();
 
-	dlock_mem_write(k, len, lease, true, opts->holder);
+	dlock_mem_write(k, len, lease, opts);
 
 	/*
 	 * The sequences' WAL, which may have taken a transaction id so that the
@@ -277,7 +303,33 @@ memory_set_end(text *key, TimestampTz end, bool release)
 		lease.held = false;
 		memset(&lease.owner, 0, sizeof(pg_uuid_t));
 	}
-	dlock_mem_write(k, len, &lease, false, NULL);
+	dlock_mem_write(k, len, &lease, NULL);
+}
+
+static void
+memory_set_value(text *key, text *value)
+{
+	dlock_check_writable();
+	dlock_table_keep();			/* as in a grant */
+	dlock_mem_write_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), value);
+}
+
+static DlockLeaseRow *
+memory_read_row(const char *key, int len)
+{
+	pg_uuid_t	unknown;
+	TimestampTz barrier = memory_barrier(&unknown);
+	DlockLeaseRow *row;
+
+	if (barrier != 0 && GetCurrentTimestamp() < barrier)
+	{
+		/* before the barrier every key is held by an unknown owner */
+		row = palloc0(sizeof(DlockLeaseRow));
+		row->key = cstring_to_text_with_len(key, len);
+		dlock_unknown_lease(&row->lease, barrier, &unknown);
+		return row;
+	}
+	return dlock_mem_read_row(key, len);
 }
 
 /* Every entry of this database; none before the barrier. */
@@ -325,6 +377,8 @@ static const StorageMethods memory_methods = {
 	.read = memory_read,
 	.grant = memory_grant,
 	.set_end = memory_set_end,
+	.set_value = memory_set_value,
+	.read_row = memory_read_row,
 	.scan = memory_scan,
 	.old_keys = memory_old_keys,
 	.delete_old = memory_delete_old,
@@ -382,6 +436,24 @@ dlock_storage_set_end(text *key, TimestampTz end, bool release)
  * Return every lease of this database (a List of DlockLeaseRow), as of a
  * fresh snapshot, for the views.
  */
+/* Set the value of key's lease, held by the caller (proclaim). */
+void
+dlock_storage_set_value(text *key, text *value)
+{
+	METHODS()->set_value(key, value);
+}
+
+/*
+ * Return key's lease with its holder label and value, as the views show
+ * it, or NULL when the key has none; an unknown lease (memory mode's
+ * barrier) has no label nor value.
+ */
+DlockLeaseRow *
+dlock_storage_read_row(const char *key, int len)
+{
+	return METHODS()->read_row(key, len);
+}
+
 List *
 dlock_storage_scan(void)
 {

@@ -42,7 +42,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 # The versions, in order; the last is the default version.
-my @versions = ('0.1', '0.2', '0.3', '0.4', '0.5', '0.6');
+my @versions = ('0.1', '0.2', '0.3', '0.4', '0.5', '0.6', '0.7');
 my $default = $versions[-1];
 # The versions whose catalogs were recorded from the full install scripts.
 my @recorded = ('0.2', '0.3', '0.4', '0.5');

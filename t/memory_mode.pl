@@ -107,7 +107,7 @@ is($sw->safe_psql('postgres', 'SHOW dlock.storage'), 'table', 'SHOW dlock.storag
 is($standby->safe_psql('postgres', 'SHOW dlock.storage'), 'memory',
 	'the standby runs in memory mode too');
 is($mem->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'dlock'}),
-	'0.6', 'a fresh install is version 0.6');
+	'0.7', 'a fresh install is version 0.7');
 
 my ($oa, $fa, $ea, $ta) = grant($mem, 'postgres', 'm:a', '3 s');
 like($fa // '', qr/^\d+$/, 'memory: try_acquire grants');
@@ -288,7 +288,7 @@ note "0.3 in memory mode: $err";
 ($st, $out, $err) = try_sql($mem, 'v03', 'ALTER EXTENSION dlock UPDATE');
 is($st, '', 'ALTER EXTENSION dlock UPDATE from 0.3');
 is($mem->safe_psql('v03', q{SELECT extversion FROM pg_extension WHERE extname = 'dlock'}),
-	'0.6', 'updated to 0.6 (through 0.4)');
+	'0.7', 'updated to 0.7 (through 0.4)');
 is($mem->safe_psql('v03', q{
 		SELECT count(*) FROM pg_depend
 		WHERE objid = to_regclass('dlock.horizon_seq') AND deptype = 'e'

@@ -259,7 +259,7 @@ is($tab->safe_psql('t4', q{SELECT to_regclass('dlock.token_seq') IS NULL}),
 	't', 'part 4: no dlock.token_seq in 0.5');
 $tab->safe_psql('t4', 'ALTER EXTENSION dlock UPDATE');
 is($tab->safe_psql('t4', q{SELECT extversion FROM pg_extension WHERE extname = 'dlock'}),
-	'0.6', 'part 4: updated to 0.6');
+	'0.7', 'part 4: updated to 0.7');
 is($tab->safe_psql('t4', q{SELECT to_regclass('dlock.token_seq') IS NOT NULL}),
 	't', 'part 4: dlock.token_seq exists');
 my (undef, $t4n) = grant($tab, 't4', 'fresh', '5 s');

@@ -9,8 +9,11 @@
 #    refuses a stale write (LF001) and accepts the current one, the new
 #    columns read NULL for the old rows, and the new arguments
 #    (session_bound, lock_delay) and dlock.max_hold work.
-# 3. Both upgraded databases (from 0.1 and from 0.2, through 0.3 to the
-#    default version, 0.5 since dlock.fenced) have exactly the objects of a
+# 2b. An install of 0.6 with a held lease, updated to 0.7 (issue 20): the
+#    lease has no value, leader() shows it, its owner proclaims, its token
+#    still fences writes, and a campaign gets a larger token.
+# 3. The upgraded databases (from 0.1, 0.2 and 0.6, through the chain to
+#    the default version) have exactly the objects of a
 #    fresh install of it: members, functions with their
 #    arguments and properties, relations, columns, views, types,
 #    sequences, constraints, dependencies, grants, initial privileges and
@@ -109,7 +112,7 @@ is( (run_sql('v02', "SELECT count(*) FROM dlock.try_acquire('sb', '1 hour', sess
 	'42883', '0.2: no session_bound argument before the upgrade');
 my $seq02 = $node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq');
 $node->safe_psql('v02', 'ALTER EXTENSION dlock UPDATE');
-is(version('v02'), '0.6', '0.2 upgraded to 0.6 (the default version)');
+is(version('v02'), '0.7', '0.2 upgraded to 0.7 (the default version)');
 is($node->safe_psql('v02', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq02, '0.2 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v02', qq{
@@ -151,7 +154,7 @@ my $rows01 = $node->safe_psql('v01', q{
 	FROM dlock.leases});
 
 $node->safe_psql('v01', 'ALTER EXTENSION dlock UPDATE');
-is(version('v01'), '0.6', '0.1 upgraded to 0.6 by ALTER EXTENSION dlock UPDATE');
+is(version('v01'), '0.7', '0.1 upgraded to 0.7 by ALTER EXTENSION dlock UPDATE');
 is($node->safe_psql('v01', 'SELECT last_value FROM dlock.fence_seq'),
 	$seq01, '0.1 -> 0.3: the token sequence is untouched');
 is( $node->safe_psql('v01', q{
@@ -239,13 +242,39 @@ is( $node->safe_psql('v01', q{
 	'2 1 1', 'dlock.stats counts what happened before the upgrade too');
 
 #
+# 2b. 0.6, a lease held across the update to 0.7 (elections).
+#
+$node->safe_psql('postgres', 'CREATE DATABASE v06');
+$node->safe_psql('v06', "CREATE EXTENSION dlock VERSION '0.6'");
+$node->safe_psql('v06', $fenced_table);
+my ($o6, $f6) = grant('v06', 'f');
+is((run_sql('v06', "SELECT dlock.campaign('e', 'x', '1 hour')"))[0],
+	'42883', '0.6: no dlock.campaign before the update');
+$node->safe_psql('v06', 'ALTER EXTENSION dlock UPDATE');
+is(version('v06'), '0.7', '0.6 updated to 0.7');
+is( $node->safe_psql('v06', q{
+		SELECT count(*) FILTER (WHERE value IS NULL) || '/' || count(*) FROM dlock.leases}),
+	'1/1', '0.6 -> 0.7: the old lease has no value');
+is( $node->safe_psql('v06', "SELECT coalesce(value, 'NULL') || ' ' || (fence = $f6) FROM dlock.leader('f')"),
+	'NULL true', '0.6 -> 0.7: leader() shows the lease held across the update, with its token');
+is($node->safe_psql('v06', "SELECT dlock.proclaim('f', '$o6', 'here')"),
+	't', '0.6 -> 0.7: its owner proclaims a value');
+is((run_sql('v06', "INSERT INTO stock VALUES (1, 1, $f6)"))[0],
+	'', '0.6 -> 0.7: its token still fences writes');
+my ($oe, $fe) = split /\|/, $node->safe_psql('v06',
+	"SELECT owner, fence FROM dlock.campaign('e', 'node-1', '1 hour')");
+cmp_ok($fe, '>', $f6, '0.6 -> 0.7: a campaign has a token above every one before');
+is($node->safe_psql('v06', "SELECT value || ' ' || (fence = $fe) FROM dlock.leader('e')"),
+	'node-1 true', '0.6 -> 0.7: leader() after a campaign');
+
+#
 # 3. The upgraded installs have exactly the objects of a fresh install of
 #    the default version.
 #
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION dlock');
 $node->safe_psql('fresh', $fenced_table);
-is(version('fresh'), '0.6', 'a fresh install is 0.6 (0.1 and the update scripts)');
+is(version('fresh'), '0.7', 'a fresh install is 0.7 (0.1 and the update scripts)');
 
 # Show the lines that only one of two listings has.
 sub diag_lines
@@ -342,9 +371,9 @@ foreach my $what (sort keys %catalog)
 {
 	my $fresh = $node->safe_psql('fresh', $catalog{$what});
 	isnt($fresh, '', "fresh 0.3 install: $what listed");
-	foreach my $db ('v01', 'v02')
+	foreach my $db ('v01', 'v02', 'v06')
 	{
-		my $from = $db eq 'v01' ? '0.1' : '0.2';
+		my $from = $db eq 'v01' ? '0.1' : $db eq 'v02' ? '0.2' : '0.6';
 		my $upgraded = $node->safe_psql($db, $catalog{$what});
 		is($upgraded, $fresh,
 			"upgraded from $from: the same $what as a fresh 0.3 install")
