@@ -200,6 +200,8 @@ static bool election = false;	/* --workload election */
 static int	nobservers = -1;	/* --observers (election), -1 until set */
 static int	ncampaigners;		/* the other workers (election) */
 static const char *kp = "k";	/* keys in messages: k<n>, or e<n> */
+static int64 el_floor = 0;		/* election: every lease from before the
+								 * run has a token up to this one */
 static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 
 /* --sabotage kinds (debug: each breaks a property the check must catch) */
@@ -214,6 +216,8 @@ static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 #define S_FORGE_BYPASS	0x100	/* a forged write with fence_bypass */
 #define S_USURP			0x200	/* election: write under another's epoch */
 #define S_PROCLAIM_BACK 0x400	/* election: proclaim a lower value */
+#define S_STALE_PROCLAIM 0x800	/* election: an old epoch's value proclaimed
+								 * under a newer one */
 
 static const struct
 {
@@ -231,6 +235,7 @@ static const struct
 	{"forge", S_FORGE_BYPASS},
 	{"usurp", S_USURP},
 	{"proclaim-back", S_PROCLAIM_BACK},
+	{"stale-proclaim", S_STALE_PROCLAIM},
 };
 
 /* state */
@@ -1234,20 +1239,62 @@ sabotage_proclaim_back(PGconn *conn, Lease *l, bool *done)
 }
 
 /*
+ * --sabotage=stale-proclaim: wait past the lease's expiry, campaign again
+ * (a newer epoch, acknowledged), then proclaim the old lease's next value
+ * as if the old lease were still held: logged as the old lease's proclaim,
+ * but presented with the new lease's owner, so the server accepts it (as
+ * it would a stale leader's, if it did not check).  Keep the new lease a
+ * second (renewing it) so that the observers see the value, then resign.
+ * The check must report a proclaim outside its lease, and observers that
+ * saw an old epoch's value under the new one.  Sets *done once the
+ * proclaim was acknowledged.
+ */
+static int
+sabotage_stale_proclaim(PGconn *conn, Lease *l, bool *done)
+{
+	Lease		l2;
+	Lease		stale;
+	int			rc;
+
+	sleep_until(l->deadline + 30000);
+	if (stop_requested)
+		return RC_BUSY;
+	rc = do_grant(conn, &l2, l->key);
+	if (rc != RC_OK)
+		return rc;
+	stale = *l;
+	strlcpy(stale.owner, l2.owner, sizeof(stale.owner));
+	rc = do_proclaim(conn, &stale, l->n + 1, F_SABOTAGED);
+	if (rc == RC_OK)
+	{
+		*done = true;
+		printf("dlock-chaos: sabotage: worker %d proclaimed epoch " INT64_FORMAT "'s value " INT64_FORMAT " of e%d with the owner of epoch " INT64_FORMAT "\n",
+			   my_worker, l->fence, l->n + 1, l->key, l2.fence);
+		rc = hold_lease(conn, &l2, 1000);
+	}
+	if (rc == RC_LOST)
+		return rc;
+	return do_release(conn, &l2);
+}
+
+/*
  * --sabotage=usurp: a campaigner that holds no lease reads dlock.leader of
- * each election; in the first one led by another client with 150 ms of
- * its lease left, it writes a row under that leader's epoch WHERE
- * dlock.fenced(election, epoch), in a transaction held open 400 ms, and
- * logs it as its own write.  Tokens are not secrets, so the server accepts
- * it: the check must report a write under an epoch its client was not
- * granted.  Sets *done once such a write has committed.
+ * each election, every 10 ms for up to 2 s; in the first one led by
+ * another client with 30 ms of its lease left, it writes a row under that
+ * leader's epoch WHERE dlock.fenced(election, epoch), in a transaction
+ * held open 400 ms, and logs it as its own write.  Tokens are not secrets,
+ * so the server accepts it: the check must report a write under an epoch
+ * its client was not granted (and, if the leader wrote meanwhile, two
+ * clients' writes at overlapping moments).  Sets *done once such a write
+ * has committed.
  */
 static int
 sabotage_usurp(PGconn *conn, bool *done)
 {
-	int			e;
+	int64		give_up = now_us() + 2000000;
+	int			e = 0;
 
-	for (e = 0; e < nkeys; e++)
+	for (;; e = (e + 1) % nkeys)
 	{
 		char		keybuf[64];
 		const char *params[1] = {keybuf};
@@ -1260,6 +1307,10 @@ sabotage_usurp(PGconn *conn, bool *done)
 					left;
 		Lease		l;
 
+		if (stop_requested || now_us() > give_up)
+			return RC_BUSY;
+		if (e == 0)
+			sleep_until(now_us() + 10000);
 		key_name(keybuf, sizeof(keybuf), e);
 		rc = run(conn, "SELECT fence, value, ((extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp())) * 1000000)::bigint FROM dlock.leader($1)",
 				 1, params, &res, state, my_worker);
@@ -1271,7 +1322,7 @@ sabotage_usurp(PGconn *conn, bool *done)
 		if (PQntuples(res) != 1 || PQgetisnull(res, 0, 1) ||
 			!parse_value(PQgetvalue(res, 0, 1), &vw, &vop, &n) ||
 			vw == my_worker ||
-			(left = strtoll(PQgetvalue(res, 0, 2), NULL, 10)) < 150000)
+			(left = strtoll(PQgetvalue(res, 0, 2), NULL, 10)) < 30000)
 		{
 			PQclear(res);
 			continue;
@@ -1291,7 +1342,6 @@ sabotage_usurp(PGconn *conn, bool *done)
 		}
 		return rc;
 	}
-	return RC_BUSY;
 }
 
 /*
@@ -1494,6 +1544,7 @@ worker_main(int w)
 	bool		stolen = false;
 	bool		usurped = false;
 	bool		proclaimed_back = false;
+	bool		stale_proclaimed = false;
 	static Watch watch[MAX_KEYS];
 	int			watched = w;
 
@@ -1613,6 +1664,10 @@ worker_main(int w)
 			if (w == 0 && (sabotage & S_PROCLAIM_BACK) && !proclaimed_back &&
 				now_us() > start_us + 500000)
 				rc = sabotage_proclaim_back(conn, &l, &proclaimed_back);
+			/* --sabotage=stale-proclaim: the same */
+			else if (w == 0 && (sabotage & S_STALE_PROCLAIM) && !stale_proclaimed &&
+					 now_us() > start_us + 500000)
+				rc = sabotage_stale_proclaim(conn, &l, &stale_proclaimed);
 			else
 				rc = el_term(conn, &l);
 			if (rc == RC_LOST)
@@ -1667,6 +1722,8 @@ worker_main(int w)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to write under another client's epoch\n");
 	if (w == 0 && (sabotage & S_PROCLAIM_BACK) && !proclaimed_back)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to proclaim a lower value\n");
+	if (w == 0 && (sabotage & S_STALE_PROCLAIM) && !stale_proclaimed)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to proclaim under a newer epoch\n");
 	if (fclose(oplog) != 0)
 	{
 		fprintf(stderr, "dlock-chaos: worker %d: cannot write its log: %m\n", w);
@@ -2467,7 +2524,41 @@ setup(void)
 	 * own dlock.fenced(election, epoch) guards it.
 	 */
 	if (election)
+	{
+		int64		give_up = now_us() + 120 * INT64CONST(1000000);
+
 		setup_exec(conn, "CREATE TABLE dlock_chaos_election (id bigserial PRIMARY KEY, election text NOT NULL, epoch bigint NOT NULL, worker int NOT NULL, op int NOT NULL, seq int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp(), done_at timestamptz, UNIQUE (worker, op))");
+
+		/*
+		 * The token of a grant now is larger than that of every lease from
+		 * before the run, which the observers may still see (a previous
+		 * run's values mean nothing to this one's logs).  In memory mode
+		 * after a restart, no grant until the horizon: wait for it.
+		 */
+		for (;;)
+		{
+			PGresult   *res = PQexec(conn, "SELECT fence FROM dlock.try_acquire('dlock-chaos:floor', '1 ms')");
+
+			if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			{
+				fprintf(stderr, "dlock-chaos: setup failed: %s", PQerrorMessage(conn));
+				exit(2);
+			}
+			if (PQntuples(res) == 1)
+			{
+				el_floor = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+				PQclear(res);
+				break;
+			}
+			PQclear(res);
+			if (now_us() > give_up)
+			{
+				fprintf(stderr, "dlock-chaos: setup failed: no grant for 2 minutes\n");
+				exit(2);
+			}
+			sleep_until(now_us() + 200000);
+		}
+	}
 	setup_exec(conn, "CREATE TABLE dlock_chaos_counter (k text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL DEFAULT 0)");
 	setup_exec(conn, "CREATE TABLE dlock_chaos_history (id bigserial PRIMARY KEY, k text NOT NULL, value bigint NOT NULL, fence bigint NOT NULL, worker int NOT NULL, op int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())");
 	snprintf(sql, sizeof(sql),
@@ -3313,14 +3404,14 @@ certain_end(const ChaosOp *g, int64 t_from, int64 t_to)
 	{
 		const ChaosOp *p = &wl[k];
 
+		if (p->t_inv >= t_to)
+			break;
 		if (p->key != g->key || p->fence != g->fence)
 			continue;
-		if (p->type == OP_RELEASE && p->outcome != OUT_NONE && p->t_inv < t_to)
+		if (p->type == OP_RELEASE && p->outcome != OUT_NONE)
 			return 0;
 		if (p->type == OP_RENEW && p->outcome == OUT_OK && p->t_done < t_from)
 			base = Max(base, p->t_inv);
-		if (p->t_inv >= t_to)
-			break;
 	}
 	return base + (int64) g->ttl_ms * 1000 - SLACK_US;
 }
@@ -3679,8 +3770,11 @@ el_check_observers(void)
 				violation(V_OBS_DEAD, "e%d: worker %d op %d, %s: epoch " INT64_FORMAT " reported live, its expires_at %.3f ms before the statement began",
 						  e, w, i, what, r->fence, (r->srv_lo - r->expires_srv) / 1000.0);
 
-			/* the value: whose, and proclaimed in this epoch */
-			if (!(r->flags & F_NOVALUE))
+			/*
+			 * The value: whose, and proclaimed in this epoch (a lease from
+			 * before the run has a value that the logs cannot tell).
+			 */
+			if (!(r->flags & F_NOVALUE) && !(has_fence && r->fence <= el_floor))
 			{
 				src = value_source(e, has_fence ? r->fence : -1, r->vworker, r->vop, r->value, &why);
 				if (src == NULL)
@@ -4324,7 +4418,8 @@ usage(void)
 		   "                      check must report it (repeatable): setval,\n"
 		   "                      delete-history, forge-history, server-log,\n"
 		   "                      superseded, expired, async-commit, steal, forge;\n"
-		   "                      election only: usurp, proclaim-back\n"
+		   "                      election only: usurp, proclaim-back,\n"
+		   "                      stale-proclaim\n"
 		   "  -d, --dbname=DB     database name or connection string\n"
 		   "  -h, --host=HOST     server host or socket directory\n"
 		   "  -p, --port=PORT     server port\n"
@@ -4523,9 +4618,10 @@ main(int argc, char **argv)
 		fprintf(stderr, "dlock-chaos: --workload election does not run the forger (--forge) nor --sabotage=setval, forge\n");
 		exit(2);
 	}
-	if (!election && (nobservers >= 0 || (sabotage & (S_USURP | S_PROCLAIM_BACK))))
+	if (!election && (nobservers >= 0 ||
+					  (sabotage & (S_USURP | S_PROCLAIM_BACK | S_STALE_PROCLAIM))))
 	{
-		fprintf(stderr, "dlock-chaos: --observers and --sabotage=usurp, proclaim-back need --workload election\n");
+		fprintf(stderr, "dlock-chaos: --observers and --sabotage=usurp, proclaim-back, stale-proclaim need --workload election\n");
 		exit(2);
 	}
 	if (election)
