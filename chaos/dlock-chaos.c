@@ -927,16 +927,18 @@ do_proclaim(PGconn *conn, Lease *l, int64 n, int flags)
  * done_at = clock_timestamp() before its COMMIT: [written_at, done_at] is
  * a time the writer was inside the fence, which no other client's accepted
  * write may overlap.  One in ten pauses past the lease's end before the
- * INSERT (a stale write: it must be refused), one in ten inside the
+ * INSERT (a stale write: it must be refused), one in ten inside a
  * transaction, after the INSERT (the key's lock is then held through the
  * expiry: the next grant must wait for the COMMIT).  --no-fence leaves
  * dlock.fenced out.  Mode EW_FENCED is one fenced statement without a
  * pause, EW_NOFENCE the same without dlock.fenced (--sabotage=expired,
- * superseded); EW_USURP holds its transaction open 400 ms.  Returns RC_OK (committed), RC_LF001 (refused), RC_LOST,
+ * superseded); EW_USURP holds its transaction open until another client
+ * wrote a row of the same epoch, for up to 2 s, and sets *overlapped if
+ * one did.  Returns RC_OK (committed), RC_LF001 (refused), RC_LOST,
  * RC_OTHER, or RC_BUSY if told to stop during the pause before.
  */
 static int
-do_el_write(PGconn *conn, Lease *l, int mode, int flags)
+do_el_write(PGconn *conn, Lease *l, int mode, int flags, bool *overlapped)
 {
 	ChaosOp		r;
 	char		ebuf[32],
@@ -950,7 +952,8 @@ do_el_write(PGconn *conn, Lease *l, int mode, int flags)
 	char		state[8];
 	int			rc;
 	int			pause = mode == EW_NORMAL ? (int) rnd_range(0, 9) : 2;
-	bool		txn = mode == EW_USURP || (mode == EW_NORMAL && chance(0.5));
+	bool		txn = mode == EW_USURP || pause == 1 ||
+		(mode == EW_NORMAL && chance(0.5));
 	bool		fence = mode != EW_NOFENCE && !no_fence;
 
 	snprintf(ebuf, sizeof(ebuf), "e%d", l->key);
@@ -1020,7 +1023,21 @@ do_el_write(PGconn *conn, Lease *l, int mode, int flags)
 	PQclear(res);
 	res = NULL;
 	if (mode == EW_USURP)
-		sleep_until(now_us() + 400000);
+	{
+		int64		give_up = now_us() + 2000000;
+
+		while (!stop_requested && now_us() < give_up && !*overlapped)
+		{
+			sleep_until(now_us() + 10000);
+			rc = run(conn, "SELECT count(*) FROM dlock_chaos_election WHERE election = $1 AND epoch = $2::bigint AND worker <> $3::int AND written_at > (SELECT written_at FROM dlock_chaos_election WHERE worker = $3::int AND op = $4::int)",
+					 4, params, &res, state, my_worker);
+			if (rc != RC_OK)
+				goto failed;
+			*overlapped = strcmp(PQgetvalue(res, 0, 0), "0") != 0;
+			PQclear(res);
+			res = NULL;
+		}
+	}
 	else if (pause == 1)
 	{
 		sleep_until(l->deadline + rnd_range(5, 150) * 1000);
@@ -1083,12 +1100,12 @@ sabotage_write(PGconn *conn, Lease *l, bool *done)
 		 */
 		if (election)
 		{
-			rc = do_el_write(conn, &l2, EW_FENCED, F_SABOTAGED);
+			rc = do_el_write(conn, &l2, EW_FENCED, F_SABOTAGED, NULL);
 			if (rc == RC_LOST)
 				return rc;
 		}
 	}
-	rc = election ? do_el_write(conn, l, EW_NOFENCE, F_SABOTAGED) : do_write(conn, l, true);
+	rc = election ? do_el_write(conn, l, EW_NOFENCE, F_SABOTAGED, NULL) : do_write(conn, l, true);
 	if (rc == RC_OK)
 	{
 		*done = true;
@@ -1280,13 +1297,15 @@ sabotage_stale_proclaim(PGconn *conn, Lease *l, bool *done)
 /*
  * --sabotage=usurp: a campaigner that holds no lease reads dlock.leader of
  * each election, every 10 ms for up to 2 s; in the first one led by
- * another client with 30 ms of its lease left, it writes a row under that
- * leader's epoch WHERE dlock.fenced(election, epoch), in a transaction
- * held open 400 ms, and logs it as its own write.  Tokens are not secrets,
- * so the server accepts it: the check must report a write under an epoch
- * its client was not granted (and, if the leader wrote meanwhile, two
- * clients' writes at overlapping moments).  Sets *done once such a write
- * has committed.
+ * another client granted less than 100 ms before, with 30 ms of its lease
+ * left, it writes a row under that leader's epoch WHERE
+ * dlock.fenced(election, epoch), logged as its own write, in a transaction
+ * held open until the leader wrote a row too (for up to 2 s).  Tokens are
+ * not secrets, so the server accepts it: the check must report a write
+ * under an epoch its client was not granted, and two clients' writes at
+ * overlapping moments.  Sets *done once such a write has committed with
+ * the leader's inside it (until then, the worker tries again between its
+ * terms).
  */
 static int
 sabotage_usurp(PGconn *conn, bool *done)
@@ -1312,7 +1331,7 @@ sabotage_usurp(PGconn *conn, bool *done)
 		if (e == 0)
 			sleep_until(now_us() + 10000);
 		key_name(keybuf, sizeof(keybuf), e);
-		rc = run(conn, "SELECT fence, value, ((extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp())) * 1000000)::bigint FROM dlock.leader($1)",
+		rc = run(conn, "SELECT fence, value, ((extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp())) * 1000000)::bigint, clock_timestamp() - since < '100 ms' FROM dlock.leader($1)",
 				 1, params, &res, state, my_worker);
 		if (rc != RC_OK)
 		{
@@ -1321,7 +1340,7 @@ sabotage_usurp(PGconn *conn, bool *done)
 		}
 		if (PQntuples(res) != 1 || PQgetisnull(res, 0, 1) ||
 			!parse_value(PQgetvalue(res, 0, 1), &vw, &vop, &n) ||
-			vw == my_worker ||
+			vw == my_worker || strcmp(PQgetvalue(res, 0, 3), "t") != 0 ||
 			(left = strtoll(PQgetvalue(res, 0, 2), NULL, 10)) < 30000)
 		{
 			PQclear(res);
@@ -1333,13 +1352,13 @@ sabotage_usurp(PGconn *conn, bool *done)
 		l.deadline = now_us() + left;
 		l.grant_op = -1;
 		PQclear(res);
-		rc = do_el_write(conn, &l, EW_USURP, F_SABOTAGED);
+		rc = do_el_write(conn, &l, EW_USURP, F_SABOTAGED, done);
 		if (rc == RC_OK)
-		{
-			*done = true;
-			printf("dlock-chaos: sabotage: worker %d wrote e%d under epoch " INT64_FORMAT ", worker %d's\n",
-				   my_worker, e, l.fence, vw);
-		}
+			printf("dlock-chaos: sabotage: worker %d wrote e%d under epoch " INT64_FORMAT ", worker %d's, %s\n",
+				   my_worker, e, l.fence, vw,
+				   *done ? "which wrote meanwhile" : "which did not write meanwhile: again later");
+		else
+			*done = false;
 		return rc;
 	}
 }
@@ -1388,7 +1407,7 @@ el_term(PGconn *conn, Lease *l)
 		}
 		if (chance(0.8))
 		{
-			rc = do_el_write(conn, l, EW_NORMAL, 0);
+			rc = do_el_write(conn, l, EW_NORMAL, 0, NULL);
 			if (rc != RC_OK)
 				alive = false;
 		}

@@ -5,10 +5,10 @@
 # elections with 100-500 ms leases and, while leader, renew, proclaim
 # "w<client>:<grant>:<n>" with n increasing, and write rows WHERE
 # dlock.fenced(election, epoch) into a history that records the server's
-# clock_timestamp() (half of them in a transaction held open a while, one
-# in ten across the lease's expiry), some of them and some proclaims after a
-# pause past the lease's end; 2 observers follow both elections with the
-# long poll of dlock.observe and with dlock.leader.  The nemesis SIGSTOPs
+# clock_timestamp() (more than half of them in a transaction held open a
+# while, one in ten across the lease's expiry), some of them and some
+# proclaims after a pause past the lease's end; 2 observers follow both
+# elections with the long poll of dlock.observe and with dlock.leader.  The nemesis SIGSTOPs
 # workers, terminates their backends and crash-restarts the server.  At
 # the end the checker verifies, besides what it checks for every workload
 # (tokens, exclusion of grants by the server's clock, expiry by both
@@ -30,14 +30,15 @@
 # 2. Not vacuous: the same workload without dlock.fenced in the writes
 #    (--no-fence, 6 s) must exit 1 with stale and superseded writes,
 #    epochs out of order and overlapping writers; and each election check
-#    fires when its property is really broken (--sabotage, 3-4 s, the
+#    fires when its property is really broken (--sabotage, 3-5 s, the
 #    nemesis nearly idle): superseded (an old epoch's write without
 #    dlock.fenced after a newer epoch's), usurp (a client writes under
 #    another client's epoch through dlock.fenced, which the server accepts:
-#    tokens are not secrets), proclaim-back (a leader proclaims a lower
+#    tokens are not secrets, and holds its transaction open until that
+#    client wrote too), proclaim-back (a leader proclaims a lower
 #    value), stale-proclaim (an old epoch's value proclaimed with a newer
-#    lease's owner), steal (dlock.forget of a live lease, the election
-#    granted again at once).
+#    lease's owner), steal (dlock.forget of a live lease, then a proclaim
+#    under it, and the election granted again at once).
 # 3. Memory mode (dlock preloaded, dlock.storage = memory,
 #    dlock.horizon_margin = 500ms), 25 s, a crash every 1.5-4.5 s: the same
 #    as 1, and grant pairs with a crash-restart between them while the first
@@ -131,8 +132,9 @@ my @sabotages = (
 		'epochs of accepted writes out of order (server clock)'
 	],
 	[
-		'usurp', [ '--duration' => 3, '--workers' => 3, @quiet ],
-		'write accepted under an epoch its client was not granted'
+		'usurp', [ '--duration' => 5, '--workers' => 3, @quiet ],
+		'write accepted under an epoch its client was not granted',
+		"two clients' writes accepted at overlapping moments (server clock)"
 	],
 	[
 		'proclaim-back', [ '--duration' => 4, @quiet ],
