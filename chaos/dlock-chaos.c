@@ -3593,7 +3593,7 @@ el_check_rows(ChaosOp **grants, int ngrants)
 		{
 			e_overlap_pairs++;
 			if (other->end >= row->at)
-				violation(V_EL_OVERLAP, "e%d: worker %d's write (epoch " INT64_FORMAT ", op %d) began at written_at %.3f ms before the end (done_at) of worker %d's (epoch " INT64_FORMAT ", op %d)",
+				violation(V_EL_OVERLAP, "e%d: worker %d's write (epoch " INT64_FORMAT ", op %d) was written %.3f ms before worker %d's (epoch " INT64_FORMAT ", op %d) ended (its done_at)",
 						  row->e, row->worker, row->epoch, row->op,
 						  (other->end - row->at) / 1000.0, other->worker,
 						  other->epoch, other->op);
