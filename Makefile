@@ -34,13 +34,13 @@ DATA = extension/dlock--0.1.sql \
 	extension/dlock--0.5--0.6.sql extension/dlock--0.6--0.7.sql
 PGFILEDESC = "dlock - leases with fencing tokens"
 
-REGRESS = lease_api lease_errors fence_trigger trust operate election
+REGRESS = lease_api lease_errors fence_trigger trust operate election permits
 REGRESS_OPTS = --inputdir=. --load-extension=dlock
 ISOLATION = acquire_race stale_owner repeatable_read \
 	fence_takeover fence_stale_write fence_isolation fence_two_keys \
 	fence_savepoint renew_shortening no_wait_for_strangers \
 	renew_in_flight lock_delay session_bound_release \
-	election_observe election_fence
+	election_observe election_fence permits_fence shared_exclusive
 ISOLATION_OPTS = --load-extension=dlock
 TAP_TESTS = 1
 

@@ -14,12 +14,15 @@
 
 #include "libpq-fe.h"
 
-#define DLOCK_VERSION "0.3"
+#define DLOCK_VERSION "0.4"
 
 /*
  * Exit statuses.  The numbers are those of <sysexits.h> (not every platform
- * has the header) plus 79 of our own; the README has the table.
+ * has the header) plus 79 of our own, and 3 for "nobody leads" (the LSB's
+ * "program is not running" of a status command); docs/client.md has the
+ * table.
  */
+#define DLOCK_EXIT_NO_LEADER	3	/* leader: nobody leads the election */
 #define DLOCK_EXIT_USAGE		64	/* EX_USAGE */
 #define DLOCK_EXIT_UNAVAILABLE	69	/* EX_UNAVAILABLE: cannot connect */
 #define DLOCK_EXIT_SOFTWARE		70	/* EX_SOFTWARE: unexpected server error */
@@ -63,14 +66,19 @@ typedef struct DlockOptions
 	const char *command;		/* "run", "acquire", ... */
 	char	  **args;			/* positional arguments after the command */
 	int			nargs;
-	char	  **exec_argv;		/* run: COMMAND [ARGS...], NULL-terminated */
+	char	  **exec_argv;		/* run, elect: COMMAND [ARGS...],
+								 * NULL-terminated */
+	bool		elect;			/* elect: campaign rather than acquire */
+	const char *value;			/* elect: the candidate's VALUE */
 	int			ttl_ms;
-	int			wait_ms;
+	int			wait_ms;		/* -1: no limit (elect's default) */
+	int			lock_delay_ms;	/* -1: none given */
 	int			grace_ms;
 	int			renew_every_ms; /* 0: ttl / 3 */
 	const char *holder;			/* NULL: user@host:pid */
 	bool		session_bound;
 	bool		skip_ok;
+	bool		watch;			/* leader --watch */
 	DlockOnLost on_lost;
 	DlockFormat format;
 } DlockOptions;
@@ -102,9 +110,11 @@ extern const char *const dlock_sql_acquire;
 extern const char *const dlock_sql_acquire_sb;
 extern const char *const dlock_sql_renew;
 extern const char *const dlock_sql_release;
+extern const char *const dlock_sql_campaign;
 
 /* conn.c */
 extern bool dlock_quiet_notices;
+extern const char *dlock_min_version;
 extern int64 dlock_now_ms(void);
 extern void dlock_add_secret(const char *secret);
 extern char *dlock_one_line(const char *msg);
@@ -113,6 +123,7 @@ extern void dlock_fatal(int status, const char *fmt,...) pg_attribute_printf(2, 
 extern PGconn *dlock_connect(DlockConnOptions *co);
 extern PGconn *dlock_connect_start(const DlockConnOptions *co);
 extern bool dlock_connect_until(PGconn *conn, int64 until);
+extern DlockWait dlock_connect_wait(PGconn *conn, int64 until, int signal_fd);
 extern int	dlock_result_exit(const PGresult *res, PGconn *conn);
 extern char *dlock_result_message(const PGresult *res, PGconn *conn);
 extern bool dlock_send(PGconn *conn, const char *sql, int nparams,
@@ -129,12 +140,18 @@ extern int	dlock_take_signal(void);
 
 /* main.c */
 extern const char *dlock_default_holder(void);
+extern void dlock_print_json_string(const char *s);
+extern PGresult *dlock_exec_or_exit(PGconn *conn, const char *sql, int nparams,
+									const char *const *values);
 extern int	dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 						int64 *req_start, DlockLease *lease, bool quiet_busy);
 extern int	dlock_release_until(PGconn *conn, const DlockLease *lease,
 								int64 until, char **errmsg);
 
-/* run.c */
+/* run.c (run and elect) */
 extern int	dlock_cmd_run(DlockOptions *opts);
+
+/* leader.c */
+extern int	dlock_cmd_leader(DlockOptions *opts);
 
 #endif							/* DLOCK_CLIENT_H */

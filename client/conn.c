@@ -31,6 +31,9 @@
 
 bool		dlock_quiet_notices = false;
 
+/* The oldest extension version that has what the command calls */
+const char *dlock_min_version = "0.3";
+
 static const char *secrets[MAX_SECRETS];
 static int	nsecrets = 0;
 
@@ -359,25 +362,44 @@ wait_socket(PGconn *conn, bool for_write, int64 until, int signal_fd)
 
 /*
  * Finish a connection started by dlock_connect_start, waiting no later than
+ * until (-1: no limit), or until a signal arrives when signal_fd >= 0.
+ * DLOCK_WAIT_DONE when connected; otherwise the caller PQfinishes conn
+ * (DLOCK_WAIT_BROKEN: PQerrorMessage says why, if anything).
+ */
+DlockWait
+dlock_connect_wait(PGconn *conn, int64 until, int signal_fd)
+{
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+
+	if (conn == NULL || PQstatus(conn) == CONNECTION_BAD)
+		return DLOCK_WAIT_BROKEN;
+	for (;;)
+	{
+		int			rc;
+
+		if (st == PGRES_POLLING_OK)
+			return DLOCK_WAIT_DONE;
+		if (st == PGRES_POLLING_FAILED)
+			return DLOCK_WAIT_BROKEN;
+		rc = wait_socket(conn, st == PGRES_POLLING_WRITING, until, signal_fd);
+		if (rc == 0)
+			return DLOCK_WAIT_TIMEOUT;
+		if (rc == 2)
+			return DLOCK_WAIT_SIGNAL;
+		if (rc < 0)
+			return DLOCK_WAIT_BROKEN;
+		st = PQconnectPoll(conn);
+	}
+}
+
+/*
+ * Finish a connection started by dlock_connect_start, waiting no later than
  * until.  False when it failed or the time ran out (the caller PQfinishes).
  */
 bool
 dlock_connect_until(PGconn *conn, int64 until)
 {
-	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
-
-	if (conn == NULL || PQstatus(conn) == CONNECTION_BAD)
-		return false;
-	for (;;)
-	{
-		if (st == PGRES_POLLING_OK)
-			return true;
-		if (st == PGRES_POLLING_FAILED)
-			return false;
-		if (wait_socket(conn, st == PGRES_POLLING_WRITING, until, -1) != 1)
-			return false;
-		st = PQconnectPoll(conn);
-	}
+	return dlock_connect_wait(conn, until, -1) == DLOCK_WAIT_DONE;
 }
 
 /* Send a query without waiting for it (PQsendQueryParams + flush). */
@@ -518,8 +540,8 @@ dlock_result_message(const PGresult *res, PGconn *conn)
 			appendPQExpBuffer(&buf, " HINT: %s", hint);
 		if (dlock_result_exit(res, conn) == DLOCK_EXIT_CONFIG && hint == NULL)
 			appendPQExpBuffer(&buf,
-							  " (is extension dlock 0.3 or later installed in database \"%s\"?)",
-							  PQdb(conn));
+							  " (is extension dlock %s or later installed in database \"%s\"?)",
+							  dlock_min_version, PQdb(conn));
 	}
 	else if (res != NULL && PQresultErrorMessage(res)[0] != '\0')
 		appendPQExpBufferStr(&buf, PQresultErrorMessage(res));

@@ -2,13 +2,15 @@
  *
  * main.c
  *	  The dlock command-line client: run a program under a lease of the
- *	  dlock extension, or grant, renew, release and show leases.
+ *	  dlock extension or while leader of an election, or grant, renew,
+ *	  release and show leases and leaders.
  *
  *	  dlock [CONNECTION-OPTION]... COMMAND [OPTION]... ARGS
  *
  * This file parses the command line, prints the help texts, and carries
- * out the one-query commands (acquire, renew, release, status).  The run
- * command lives in run.c, connections and error reporting in conn.c.
+ * out the one-query commands (acquire, renew, release, status, proclaim).
+ * The run and elect commands live in run.c, leader in leader.c,
+ * connections and error reporting in conn.c.
  *
  * All SQL is fixed text calling the extension's functions by their
  * schema-qualified names, with every user-supplied value passed as a
@@ -60,6 +62,15 @@ const char *const dlock_sql_renew =
 const char *const dlock_sql_release =
 "SELECT dlock.release($1, $2::pg_catalog.uuid)";
 
+/* wait and lock_delay may be NULL: no limit, no delay */
+const char *const dlock_sql_campaign =
+LEASE_COLUMNS " FROM dlock.campaign($1, $2, $3::pg_catalog.interval, "
+"wait => $4::pg_catalog.interval, holder => $5, "
+"lock_delay => $6::pg_catalog.interval, session_bound => $7::pg_catalog.bool) AS l";
+
+static const char *const sql_proclaim =
+"SELECT dlock.proclaim($1, $2::pg_catalog.uuid, $3)";
+
 static const char *const sql_status =
 "SELECT key, holder, fence, granted_at, expires_at, remaining, state, pid, "
 "application_name, session_bound FROM dlock.lease_status ORDER BY key";
@@ -74,7 +85,13 @@ static const char *const sql_status_key =
 #define FOR_RENEW	0x04
 #define FOR_RELEASE 0x08
 #define FOR_STATUS	0x10
-#define FOR_ALL		0x1f
+#define FOR_ELECT	0x20
+#define FOR_LEADER	0x40
+#define FOR_PROCLAIM 0x80
+#define FOR_ALL		0xff
+
+/* Commands that run a COMMAND (after their last argument or "--") */
+#define FOR_EXEC	(FOR_RUN | FOR_ELECT)
 
 typedef enum OptId
 {
@@ -93,7 +110,9 @@ typedef enum OptId
 	OPT_GRACE,
 	OPT_SKIP_OK,
 	OPT_RENEW_EVERY,
-	OPT_FORMAT
+	OPT_FORMAT,
+	OPT_LOCK_DELAY,
+	OPT_WATCH
 } OptId;
 
 typedef struct OptDef
@@ -113,15 +132,17 @@ static const OptDef optdefs[] = {
 	{"no-password", 'w', false, FOR_ALL, OPT_NO_PASSWORD},
 	{"help", '?', false, FOR_ALL, OPT_HELP},
 	{"version", 'V', false, FOR_ALL, OPT_VERSION},
-	{"ttl", '\0', true, FOR_RUN | FOR_ACQUIRE | FOR_RENEW, OPT_TTL},
-	{"wait", '\0', true, FOR_RUN | FOR_ACQUIRE, OPT_WAIT},
-	{"holder", '\0', true, FOR_RUN | FOR_ACQUIRE, OPT_HOLDER},
-	{"session-bound", '\0', false, FOR_RUN, OPT_SESSION_BOUND},
-	{"on-lost", '\0', true, FOR_RUN, OPT_ON_LOST},
-	{"grace", '\0', true, FOR_RUN, OPT_GRACE},
-	{"skip-ok", '\0', false, FOR_RUN, OPT_SKIP_OK},
-	{"renew-every", '\0', true, FOR_RUN, OPT_RENEW_EVERY},
-	{"format", '\0', true, FOR_ACQUIRE | FOR_STATUS, OPT_FORMAT},
+	{"ttl", '\0', true, FOR_EXEC | FOR_ACQUIRE | FOR_RENEW, OPT_TTL},
+	{"wait", '\0', true, FOR_EXEC | FOR_ACQUIRE, OPT_WAIT},
+	{"holder", '\0', true, FOR_EXEC | FOR_ACQUIRE, OPT_HOLDER},
+	{"session-bound", '\0', false, FOR_EXEC, OPT_SESSION_BOUND},
+	{"on-lost", '\0', true, FOR_EXEC, OPT_ON_LOST},
+	{"grace", '\0', true, FOR_EXEC, OPT_GRACE},
+	{"skip-ok", '\0', false, FOR_EXEC, OPT_SKIP_OK},
+	{"renew-every", '\0', true, FOR_EXEC, OPT_RENEW_EVERY},
+	{"lock-delay", '\0', true, FOR_ELECT, OPT_LOCK_DELAY},
+	{"format", '\0', true, FOR_ACQUIRE | FOR_STATUS | FOR_LEADER, OPT_FORMAT},
+	{"watch", '\0', false, FOR_LEADER, OPT_WATCH},
 	{NULL, '\0', false, 0, OPT_DBNAME}
 };
 
@@ -139,6 +160,9 @@ static const CommandDef commands[] = {
 	{"renew", FOR_RENEW, 2, 2},
 	{"release", FOR_RELEASE, 2, 2},
 	{"status", FOR_STATUS, 0, 1},
+	{"elect", FOR_ELECT, 2, 2},
+	{"leader", FOR_LEADER, 1, 1},
+	{"proclaim", FOR_PROCLAIM, 3, 3},
 	{NULL, 0, 0, 0}
 };
 
@@ -175,8 +199,9 @@ usage_error(const char *command, const char *fmt,...)
 static void
 help(void)
 {
-	printf("dlock runs a program under a lease of the PostgreSQL extension dlock, and\n"
-		   "grants, renews, releases and shows leases.\n\n");
+	printf("dlock runs a program under a lease of the PostgreSQL extension dlock, or\n"
+		   "while it leads an election; it grants, renews, releases and shows leases,\n"
+		   "and shows who leads.\n\n");
 	printf("Usage:\n");
 	printf("  dlock [CONNECTION-OPTION]... COMMAND [OPTION]... [ARG]...\n\n");
 	printf("Commands:\n");
@@ -185,6 +210,11 @@ help(void)
 	printf("  renew KEY OWNER              extend OWNER's lease on KEY, print the new expiry\n");
 	printf("  release KEY OWNER            release OWNER's lease on KEY\n");
 	printf("  status [KEY]                 show the leases (dlock.lease_status)\n");
+	printf("  elect NAME VALUE -- COMMAND [ARG]...\n"
+		   "                               campaign in election NAME with VALUE, and run\n"
+		   "                               COMMAND while leader\n");
+	printf("  leader NAME                  show who leads election NAME (--watch: follow)\n");
+	printf("  proclaim NAME OWNER VALUE    change the VALUE of OWNER, the leader of NAME\n");
 	printf("\nGeneral options:\n");
 	printf("  -V, --version            output version information, then exit\n");
 	printf("  -?, --help               show this help, then exit\n");
@@ -197,10 +227,12 @@ help(void)
 	printf("\nThe PG* environment variables, ~/.pgpass and service files work as in psql.\n");
 	printf("Durations (DUR) are a number with unit ms, s, min or h (500ms, 30s, 2min),\n"
 		   "or plain seconds.\n");
-	printf("\nExit status: 0 success; run: COMMAND's status (128+N if signal N killed it);\n"
-		   "64 bad usage; 69 cannot connect; 70 server error; 75 key busy;\n"
-		   "77 permission denied; 78 extension dlock missing or too old; 79 lease lost;\n"
-		   "126/127 run: COMMAND not executable/not found.\n");
+	printf("\nExit status: 0 success; run, elect: COMMAND's status (128+N if signal N\n"
+		   "killed it); 3 leader: nobody leads; 64 bad usage; 69 cannot connect;\n"
+		   "70 server error; 75 key busy (elect: not elected within --wait);\n"
+		   "77 permission denied; 78 extension dlock missing or too old; 79 lease lost\n"
+		   "(proclaim: OWNER does not lead); 126/127 run, elect: COMMAND not\n"
+		   "executable/not found.\n");
 	printf("\nRun \"dlock COMMAND --help\" for the options of a command.\n");
 }
 
@@ -274,6 +306,74 @@ help_command(const char *command)
 		printf("Options:\n");
 		printf("  -?, --help               show this help, then exit\n");
 		printf("\nExit status: 0 released; 79 OWNER did not hold the lease; see \"dlock --help\".\n");
+	}
+	else if (strcmp(command, "elect") == 0)
+	{
+		printf("dlock elect campaigns in election NAME with VALUE (dlock.campaign), waits\n"
+			   "until elected, runs COMMAND while leader, renewing the leadership's lease\n"
+			   "in the background, and resigns when COMMAND exits.\n\n");
+		printf("Usage:\n");
+		printf("  dlock [CONNECTION-OPTION]... elect [OPTION]... NAME VALUE --\n"
+			   "        COMMAND [ARG]...\n\n");
+		printf("Options:\n");
+		printf("      --ttl=DUR            time to live of the lease (default 30s)\n");
+		printf("      --wait=DUR           give up when not elected within DUR\n"
+			   "                           (default: wait as long as it takes; 0: try once)\n");
+		printf("      --holder=LABEL       label shown in dlock.lease_status\n"
+			   "                           (default USER@HOST:PID)\n");
+		printf("      --lock-delay=DUR     when the lease expires unreleased, nobody is elected\n"
+			   "                           for DUR after its expiry (default none); give at\n"
+			   "                           least --grace for COMMAND to be gone by then\n");
+		printf("      --session-bound      the lease also ends when dlock's connection ends\n"
+			   "                           (not behind a transaction-pooling PgBouncer)\n");
+		printf("      --renew-every=DUR    renew this often (default TTL/3)\n");
+		printf("      --on-lost=ACTION     when the leadership is lost: term (SIGTERM, SIGKILL\n"
+			   "                           after the grace time), kill (SIGKILL) or ignore\n"
+			   "                           (default term)\n");
+		printf("      --grace=DUR          time from SIGTERM to SIGKILL (default 5s)\n");
+		printf("      --skip-ok            exit 0, silently, when not elected within --wait\n");
+		printf("  -?, --help               show this help, then exit\n");
+		printf("\nCOMMAND runs in its own process group, with DLOCK_EPOCH (the term's\n"
+			   "epoch: its fencing token), DLOCK_KEY (NAME), DLOCK_OWNER, DLOCK_FENCE (the\n"
+			   "epoch again) and DLOCK_EXPIRES_AT in its environment.  SIGINT, SIGTERM,\n"
+			   "SIGHUP and SIGQUIT sent to dlock are passed on to it.  The leadership\n"
+			   "counts as lost when a renewal returns NULL, or when none is confirmed\n"
+			   "within the TTL of the last one (timed from when its request was sent).\n"
+			   "Writes that must not outlive the term present the epoch:\n"
+			   "dlock.fenced(NAME, $DLOCK_EPOCH).\n");
+		printf("\nExit status: COMMAND's (128+N if signal N killed it); 75 not elected\n"
+			   "within --wait; 79 leadership lost; 126/127 COMMAND not executable/not\n"
+			   "found; see \"dlock --help\".\n");
+	}
+	else if (strcmp(command, "leader") == 0)
+	{
+		printf("dlock leader prints who leads election NAME (dlock.leader); with --watch it\n"
+			   "prints a line for every change until interrupted.\n\n");
+		printf("Usage:\n");
+		printf("  dlock [CONNECTION-OPTION]... leader [OPTION]... NAME\n\n");
+		printf("Options:\n");
+		printf("      --watch              print the state, then a line for every change\n"
+			   "                           (dlock.observe), until SIGINT, SIGTERM or\n"
+			   "                           SIGHUP; reconnect when the connection drops\n");
+		printf("      --format=FORMAT      text or json (one object per line) (default text)\n");
+		printf("  -?, --help               show this help, then exit\n");
+		printf("\nEach state is one line: STATE EPOCH SINCE EXPIRES_AT VALUE, separated by\n"
+			   "tabs, empty when unknown.  STATE is leader (someone leads) or, when nobody\n"
+			   "leads, resigned, expired or none (no term on record).  Times are UTC,\n"
+			   "as 2026-01-31T12:34:56.789012Z.  In VALUE, a backslash, tab, newline and\n"
+			   "carriage return are written \\\\, \\t, \\n and \\r.\n");
+		printf("\nExit status: 0 someone leads (--watch: stopped by a signal); 3 nobody\n"
+			   "leads; see \"dlock --help\".\n");
+	}
+	else if (strcmp(command, "proclaim") == 0)
+	{
+		printf("dlock proclaim sets a new VALUE for the leader of election NAME, when\n"
+			   "OWNER (DLOCK_OWNER of dlock elect's COMMAND) leads it.\n\n");
+		printf("Usage:\n");
+		printf("  dlock [CONNECTION-OPTION]... proclaim NAME OWNER VALUE\n\n");
+		printf("Options:\n");
+		printf("  -?, --help               show this help, then exit\n");
+		printf("\nExit status: 0 proclaimed; 79 OWNER does not lead NAME; see \"dlock --help\".\n");
 	}
 	else
 	{
@@ -384,10 +484,11 @@ find_short(char c)
 
 /*
  * Parse the command line.  Options may come before or after the command
- * word and between the arguments; "--" ends the options.  For run, the
- * first argument after KEY (or everything after "--") is COMMAND, and
- * nothing of it is parsed.  Options are checked against the command once
- * it is known.  Exits on any error (64) or after --help/--version (0).
+ * word and between the arguments; "--" ends the options.  For run (elect),
+ * the first argument after KEY (VALUE), or everything after "--", is
+ * COMMAND, and nothing of it is parsed.  Options are checked against the
+ * command once it is known.  Exits on any error (64) or after
+ * --help/--version (0).
  */
 static void
 parse_args(int argc, char **argv, DlockOptions *o)
@@ -400,7 +501,7 @@ parse_args(int argc, char **argv, DlockOptions *o)
 	bool		want_version = false;
 	bool		options_done = false;
 	const char *bad_command = NULL;
-	bool		run_dashes = false;
+	bool		exec_dashes = false;
 	int			i;
 
 	/* a cluster of short options yields one entry per letter */
@@ -414,15 +515,18 @@ parse_args(int argc, char **argv, DlockOptions *o)
 	{
 		char	   *arg = argv[i];
 
-		if (cmd != NULL && cmd->bit == FOR_RUN && o->nargs == 1)
+		if (cmd != NULL && (cmd->bit & FOR_EXEC) && o->nargs == cmd->max_args)
 		{
-			/* run: a "--" after KEY ends the options (even after "--") */
-			if (strcmp(arg, "--") == 0 && !run_dashes)
+			/*
+			 * run, elect: a "--" after the last argument ends the options
+			 * (even after "--")
+			 */
+			if (strcmp(arg, "--") == 0 && !exec_dashes)
 			{
-				run_dashes = options_done = true;
+				exec_dashes = options_done = true;
 				continue;
 			}
-			/* and the first argument after KEY starts COMMAND */
+			/* and the next argument starts COMMAND */
 			if (options_done || arg[0] != '-' || arg[1] == '\0')
 			{
 				o->exec_argv = &argv[i];
@@ -545,7 +649,8 @@ parse_args(int argc, char **argv, DlockOptions *o)
 
 	/* defaults */
 	o->ttl_ms = 30 * 1000;
-	o->wait_ms = 0;
+	o->wait_ms = (cmd->bit == FOR_ELECT) ? -1 : 0;
+	o->lock_delay_ms = -1;
 	o->grace_ms = 5 * 1000;
 	o->renew_every_ms = 0;
 	o->on_lost = DLOCK_ON_LOST_TERM;
@@ -590,6 +695,12 @@ parse_args(int argc, char **argv, DlockOptions *o)
 			case OPT_RENEW_EVERY:
 				o->renew_every_ms = duration_option(cmd->name, so, true);
 				break;
+			case OPT_LOCK_DELAY:
+				o->lock_delay_ms = duration_option(cmd->name, so, false);
+				break;
+			case OPT_WATCH:
+				o->watch = true;
+				break;
 			case OPT_HOLDER:
 				o->holder = so->value;
 				break;
@@ -627,22 +738,43 @@ parse_args(int argc, char **argv, DlockOptions *o)
 
 	if (o->nargs < cmd->min_args)
 	{
+		static const char *const missing_renew[] = {"KEY and OWNER", "OWNER"};
+		static const char *const missing_elect[] = {"NAME and VALUE", "VALUE"};
+		static const char *const missing_proclaim[] =
+		{"NAME, OWNER and VALUE", "OWNER and VALUE", "VALUE"};
+
 		if (cmd->bit == FOR_RENEW || cmd->bit == FOR_RELEASE)
-			usage_error(cmd->name, o->nargs == 0 ? "missing KEY and OWNER" : "missing OWNER");
+			usage_error(cmd->name, "missing %s", missing_renew[o->nargs]);
+		if (cmd->bit == FOR_ELECT)
+			usage_error(cmd->name, "missing %s", missing_elect[o->nargs]);
+		if (cmd->bit == FOR_PROCLAIM)
+			usage_error(cmd->name, "missing %s", missing_proclaim[o->nargs]);
+		if (cmd->bit == FOR_LEADER)
+			usage_error(cmd->name, "missing NAME");
 		usage_error(cmd->name, "missing KEY");
 	}
 	if (o->nargs > cmd->max_args)
 		usage_error(cmd->name, "too many arguments, starting with \"%s\"",
 					o->args[cmd->max_args]);
-	if (cmd->bit == FOR_RUN)
+	if (cmd->bit & FOR_EXEC)
 	{
 		if (o->exec_argv == NULL || o->exec_argv[0] == NULL)
-			usage_error(cmd->name, "missing COMMAND (dlock run KEY -- COMMAND [ARG]...)");
+			usage_error(cmd->name, "missing COMMAND (%s)",
+						cmd->bit == FOR_RUN ?
+						"dlock run KEY -- COMMAND [ARG]..." :
+						"dlock elect NAME VALUE -- COMMAND [ARG]...");
 		if (o->renew_every_ms == 0)
 			o->renew_every_ms = Max(o->ttl_ms / 3, 1);
 		if (o->renew_every_ms >= o->ttl_ms)
 			usage_error(cmd->name, "--renew-every must be shorter than --ttl");
 	}
+	if (cmd->bit == FOR_ELECT)
+	{
+		o->elect = true;
+		o->value = o->args[1];
+	}
+	if (cmd->bit & (FOR_ELECT | FOR_LEADER | FOR_PROCLAIM))
+		dlock_min_version = "0.7";	/* elections came with 0.7 */
 	if (o->format == DLOCK_FORMAT_JSON)
 		o->conn.client_encoding = "UTF8";	/* JSON is UTF-8 */
 	free(seen);
@@ -665,9 +797,9 @@ dlock_default_holder(void)
 	return label;
 }
 
-/* Print a string as a JSON string literal */
-static void
-print_json_string(const char *s)
+/* Print a string as a JSON string literal (on stdout) */
+void
+dlock_print_json_string(const char *s)
 {
 	const unsigned char *p;
 
@@ -762,7 +894,8 @@ dlock_release_until(PGconn *conn, const DlockLease *lease, int64 until,
 
 /*
  * Grant the lease on key: try_acquire when there is no wait, else acquire
- * with the wait.  *req_start is when the request was sent (our clock).
+ * with the wait; for elect, campaign (with o->value) and its wait, which
+ * may be unlimited.  *req_start is when the request was sent (our clock).
  * Returns 0 with *lease filled in, or an exit status after printing the
  * one line (for a busy key nothing is printed when quiet_busy).  A signal
  * (when dlock_signals_install was called) cancels the request: a lease
@@ -774,10 +907,12 @@ dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 {
 	char		ttl[32];
 	char		wait[32];
-	const char *values[4];
+	char		lock_delay[32];
+	const char *values[7];
 	const char *holder = o->holder ? o->holder : dlock_default_holder();
 	const char *sql;
 	int			nparams;
+	int64		until;
 	PGresult   *res = NULL;
 	DlockWait	w;
 	int			status;
@@ -785,7 +920,28 @@ dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 	dlock_interval_param(ttl, sizeof(ttl), o->ttl_ms);
 	values[0] = key;
 	values[1] = ttl;
-	if (o->wait_ms > 0)
+	if (o->elect)
+	{
+		values[1] = o->value;
+		values[2] = ttl;
+		values[3] = NULL;		/* no limit */
+		if (o->wait_ms >= 0)
+		{
+			dlock_interval_param(wait, sizeof(wait), o->wait_ms);
+			values[3] = wait;
+		}
+		values[4] = holder;
+		values[5] = NULL;		/* no lock delay */
+		if (o->lock_delay_ms >= 0)
+		{
+			dlock_interval_param(lock_delay, sizeof(lock_delay), o->lock_delay_ms);
+			values[5] = lock_delay;
+		}
+		values[6] = o->session_bound ? "true" : "false";
+		nparams = 7;
+		sql = dlock_sql_campaign;
+	}
+	else if (o->wait_ms > 0)
 	{
 		dlock_interval_param(wait, sizeof(wait), o->wait_ms);
 		values[2] = wait;
@@ -803,16 +959,19 @@ dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 	*req_start = dlock_now_ms();
 	if (!dlock_send(conn, sql, nparams, values))
 		dlock_fatal(DLOCK_EXIT_UNAVAILABLE, "%s", PQerrorMessage(conn));
+
+	/*
+	 * An answer later than wait + ttl would bring a lease that has already
+	 * run out by our clock: stop waiting for it then.  Without a limit on
+	 * the wait there is no such time; the caller confirms a lease granted
+	 * late with a renewal before relying on it (see run.c).
+	 */
+	until = o->wait_ms < 0 ? -1 : *req_start + o->wait_ms + o->ttl_ms;
 	for (;;)
 	{
 		int			sig;
 
-		/*
-		 * An answer later than wait + ttl would bring a lease that has
-		 * already run out by our clock: stop waiting for it then.
-		 */
-		w = dlock_wait(conn, *req_start + o->wait_ms + o->ttl_ms,
-					   dlock_signal_fd, &res);
+		w = dlock_wait(conn, until, dlock_signal_fd, &res);
 		if (w != DLOCK_WAIT_SIGNAL)
 			break;
 		sig = dlock_take_signal();
@@ -841,14 +1000,19 @@ dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 			}
 			if (w == DLOCK_WAIT_DONE)
 				PQclear(res);
-			dlock_error("interrupted by signal %d while acquiring key \"%s\"", sig, key);
+			if (o->elect)
+				dlock_error("interrupted by signal %d while campaigning in election \"%s\"",
+							sig, key);
+			else
+				dlock_error("interrupted by signal %d while acquiring key \"%s\"", sig, key);
 			return 128 + sig;
 		}
 	}
 	if (w == DLOCK_WAIT_TIMEOUT)
 		dlock_fatal(DLOCK_EXIT_UNAVAILABLE,
-					"no answer from the server within %d ms while acquiring key \"%s\"",
-					o->wait_ms + o->ttl_ms, key);
+					"no answer from the server within %d ms while %s \"%s\"",
+					o->wait_ms + o->ttl_ms,
+					o->elect ? "campaigning in election" : "acquiring key", key);
 	if (w != DLOCK_WAIT_DONE)
 		dlock_fatal(DLOCK_EXIT_UNAVAILABLE, "%s", PQerrorMessage(conn));
 
@@ -861,7 +1025,11 @@ dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 			{
 				char	   *msg = dlock_result_message(res, conn);
 
-				dlock_error("key \"%s\" is busy: %s", key, msg);
+				if (o->elect)
+					dlock_error("not elected in election \"%s\" within --wait: %s",
+								key, msg);
+				else
+					dlock_error("key \"%s\" is busy: %s", key, msg);
 				free(msg);
 			}
 		}
@@ -877,7 +1045,9 @@ dlock_grant(PGconn *conn, const DlockOptions *o, const char *key,
 	}
 	if (!dlock_read_lease(res, lease))
 	{
-		if (!quiet_busy)
+		if (!quiet_busy && o->elect)
+			dlock_error("election \"%s\": the campaign returned no lease", key);
+		else if (!quiet_busy)
 			dlock_error("key \"%s\" is held by someone else", key);
 		PQclear(res);
 		return DLOCK_EXIT_TEMPFAIL;
@@ -922,11 +1092,11 @@ cmd_acquire(DlockOptions *o)
 			break;
 		case DLOCK_FORMAT_JSON:
 			fputs("{\"key\":", stdout);
-			print_json_string(lease.key);
+			dlock_print_json_string(lease.key);
 			fputs(",\"owner\":", stdout);
-			print_json_string(lease.owner);
+			dlock_print_json_string(lease.owner);
 			printf(",\"fence\":%s,\"expires_at\":", lease.fence);
-			print_json_string(lease.expires_at);
+			dlock_print_json_string(lease.expires_at);
 			fputs("}\n", stdout);
 			break;
 	}
@@ -957,8 +1127,8 @@ check_owner(const char *command, const char *owner)
 }
 
 /* Run a one-shot query; on failure print one line and exit. */
-static PGresult *
-exec_or_exit(PGconn *conn, const char *sql, int nparams,
+PGresult *
+dlock_exec_or_exit(PGconn *conn, const char *sql, int nparams,
 			 const char *const *values)
 {
 	PGresult   *res = PQexecParams(conn, sql, nparams, NULL, values,
@@ -991,7 +1161,7 @@ cmd_renew(DlockOptions *o)
 	values[0] = o->args[0];
 	values[1] = o->args[1];
 	values[2] = ttl;
-	res = exec_or_exit(conn, dlock_sql_renew, 3, values);
+	res = dlock_exec_or_exit(conn, dlock_sql_renew, 3, values);
 	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0))
 	{
 		PQclear(res);
@@ -1019,13 +1189,34 @@ cmd_release(DlockOptions *o)
 	conn = dlock_connect(&o->conn);
 	values[0] = o->args[0];
 	values[1] = o->args[1];
-	res = exec_or_exit(conn, dlock_sql_release, 2, values);
+	res = dlock_exec_or_exit(conn, dlock_sql_release, 2, values);
 	released = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	PQclear(res);
 	PQfinish(conn);
 	if (!released)
 		dlock_fatal(DLOCK_EXIT_LOST,
 					"the lease on key \"%s\" was not held by that owner (expired, released or taken)",
+					o->args[0]);
+	return 0;
+}
+
+/* dlock proclaim NAME OWNER VALUE */
+static int
+cmd_proclaim(DlockOptions *o)
+{
+	PGconn	   *conn;
+	PGresult   *res;
+	bool		proclaimed;
+
+	check_owner("proclaim", o->args[1]);
+	conn = dlock_connect(&o->conn);
+	res = dlock_exec_or_exit(conn, sql_proclaim, 3, (const char *const *) o->args);
+	proclaimed = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	PQclear(res);
+	PQfinish(conn);
+	if (!proclaimed)
+		dlock_fatal(DLOCK_EXIT_LOST,
+					"that owner does not lead election \"%s\" (its term ended, or it never led)",
 					o->args[0]);
 	return 0;
 }
@@ -1075,10 +1266,10 @@ cmd_status(DlockOptions *o)
 	if (o->nargs == 1)
 	{
 		values[0] = o->args[0];
-		res = exec_or_exit(conn, sql_status_key, 1, values);
+		res = dlock_exec_or_exit(conn, sql_status_key, 1, values);
 	}
 	else
-		res = exec_or_exit(conn, sql_status, 0, NULL);
+		res = dlock_exec_or_exit(conn, sql_status, 0, NULL);
 	nrows = PQntuples(res);
 	ncols = PQnfields(res);
 
@@ -1094,7 +1285,7 @@ cmd_status(DlockOptions *o)
 
 				if (c > 0)
 					putchar(',');
-				print_json_string(name);
+				dlock_print_json_string(name);
 				putchar(':');
 				if (PQgetisnull(res, r, c))
 					fputs("null", stdout);
@@ -1104,7 +1295,7 @@ cmd_status(DlockOptions *o)
 					fputs(strcmp(PQgetvalue(res, r, c), "t") == 0 ? "true" : "false",
 						  stdout);
 				else
-					print_json_string(PQgetvalue(res, r, c));
+					dlock_print_json_string(PQgetvalue(res, r, c));
 			}
 			putchar('}');
 		}
@@ -1171,8 +1362,12 @@ main(int argc, char **argv)
 	set_pglocale_pgservice(argv[0], PG_TEXTDOMAIN("dlock"));
 	parse_args(argc, argv, &opts);
 
-	if (strcmp(opts.command, "run") == 0)
+	if (strcmp(opts.command, "run") == 0 || strcmp(opts.command, "elect") == 0)
 		status = dlock_cmd_run(&opts);
+	else if (strcmp(opts.command, "leader") == 0)
+		status = dlock_cmd_leader(&opts);
+	else if (strcmp(opts.command, "proclaim") == 0)
+		status = cmd_proclaim(&opts);
 	else if (strcmp(opts.command, "acquire") == 0)
 		status = cmd_acquire(&opts);
 	else if (strcmp(opts.command, "renew") == 0)

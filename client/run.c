@@ -1,10 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * run.c
- *	  dlock run: hold a lease while a program runs.
+ *	  dlock run: hold a lease while a program runs; dlock elect: the same
+ *	  with a lease granted by an election's campaign.
  *
- * The lease is granted, COMMAND is started in its own process group with
- * the lease in its environment, and one loop then does everything else:
+ * The lease is granted (elect: dlock.campaign, which also records the
+ * candidate's value; its fencing token is the term's epoch), COMMAND is
+ * started in its own process group with the lease in its environment, and
+ * one loop then does everything else:
  * it renews the lease every --renew-every, passes signals on to COMMAND's
  * process group, notices COMMAND's exit, and stops COMMAND when the lease
  * is lost.
@@ -66,6 +69,7 @@ typedef struct Run
 {
 	DlockOptions *o;
 	DlockLease	lease;
+	char	   *what;			/* "the lease on key ..." for messages */
 	char		ttl_param[32];
 
 	/* the renewer */
@@ -365,7 +369,7 @@ lose(Run *r, const char *why)
 			action = "; COMMAND keeps running (--on-lost=ignore)";
 			break;
 	}
-	dlock_error("lost the lease on key \"%s\": %s%s", r->lease.key, why, action);
+	dlock_error("lost %s: %s%s", r->what, why, action);
 }
 
 /*
@@ -642,8 +646,8 @@ give_back_and_exit(Run *r, int status)
 
 	if (r->conn != NULL && r->state == RS_IDLE &&
 		dlock_release_until(r->conn, &r->lease, dlock_now_ms() + 5000, &errmsg) < 0)
-		dlock_error("could not release the lease on key \"%s\" (it expires by itself): %s",
-					r->lease.key, errmsg);
+		dlock_error("could not release %s (it expires by itself): %s",
+					r->what, errmsg);
 	close_connection(r);
 	exit(status);
 }
@@ -686,8 +690,8 @@ confirm_lease(Run *r)
 	}
 	if (w == DLOCK_WAIT_TIMEOUT)
 		dlock_fatal(DLOCK_EXIT_LOST,
-					"lost the lease on key \"%s\": its first renewal was not confirmed within the TTL",
-					r->lease.key);
+					"lost %s: its first renewal was not confirmed within the TTL",
+					r->what);
 	if (w != DLOCK_WAIT_DONE)
 		dlock_fatal(DLOCK_EXIT_UNAVAILABLE, "%s", PQerrorMessage(r->conn));
 	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
@@ -698,8 +702,7 @@ confirm_lease(Run *r)
 	}
 	if (PQgetisnull(res, 0, 0))
 		dlock_fatal(DLOCK_EXIT_LOST,
-					"lost the lease on key \"%s\" before COMMAND started",
-					r->lease.key);
+					"lost %s before COMMAND started", r->what);
 	r->lease.expires_at = pg_strdup(PQgetvalue(res, 0, 0));
 	r->granted_ms = (int) Min((int64) r->o->ttl_ms,
 							  Max(strtoll(PQgetvalue(res, 0, 1), NULL, 10), 0));
@@ -710,7 +713,9 @@ confirm_lease(Run *r)
 
 /*
  * Start COMMAND in a process group of its own, with the lease in its
- * environment.  An exec failure comes back through a close-on-exec pipe
+ * environment (for elect its token also as DLOCK_EPOCH, the term's epoch;
+ * run removes an outer elect's DLOCK_EPOCH, which would not go with
+ * DLOCK_KEY).  An exec failure comes back through a close-on-exec pipe
  * (nothing arrives when exec succeeds), and then we exit 126 or 127.
  */
 static void
@@ -729,7 +734,9 @@ start_child(Run *r)
 	if (setenv("DLOCK_KEY", r->lease.key, 1) != 0 ||
 		setenv("DLOCK_OWNER", r->lease.owner, 1) != 0 ||
 		setenv("DLOCK_FENCE", r->lease.fence, 1) != 0 ||
-		setenv("DLOCK_EXPIRES_AT", r->lease.expires_at, 1) != 0)
+		setenv("DLOCK_EXPIRES_AT", r->lease.expires_at, 1) != 0 ||
+		(r->o->elect ? setenv("DLOCK_EPOCH", r->lease.fence, 1) :
+		 unsetenv("DLOCK_EPOCH")) != 0)
 	{
 		dlock_error("could not set the environment: %m");
 		give_back_and_exit(r, DLOCK_EXIT_SOFTWARE);
@@ -901,18 +908,21 @@ finish(Run *r)
 	}
 	close_connection(r);
 	if (rc < 0)
-		dlock_error("could not release the lease on key \"%s\" (it expires by itself): %s",
-					r->lease.key, errmsg);
+		dlock_error("could not release %s (it expires by itself): %s",
+					r->what, errmsg);
 	else if (rc == 0)
 	{
-		dlock_error("lost the lease on key \"%s\": it was no longer held when COMMAND exited",
-					r->lease.key);
+		dlock_error("lost %s: it was no longer held when COMMAND exited",
+					r->what);
 		return DLOCK_EXIT_LOST;
 	}
 	return status;
 }
 
-/* dlock run KEY -- COMMAND [ARG]... */
+/*
+ * dlock run KEY -- COMMAND [ARG]...
+ * dlock elect NAME VALUE -- COMMAND [ARG]...
+ */
 int
 dlock_cmd_run(DlockOptions *o)
 {
@@ -925,6 +935,9 @@ dlock_cmd_run(DlockOptions *o)
 	r->o = o;
 	r->kill_at = -1;
 	r->child = -1;
+	r->what = o->elect ?
+		psprintf("the leadership of election \"%s\"", o->args[0]) :
+		psprintf("the lease on key \"%s\"", o->args[0]);
 	dlock_interval_param(r->ttl_param, sizeof(r->ttl_param), o->ttl_ms);
 
 	r->conn = dlock_connect(&o->conn);

@@ -77,6 +77,12 @@ dlock_check_key(const char *key, int len)
 				 errdetail("The key is %d bytes long; the limit is %d bytes.",
 						   len, DLOCK_MAX_KEY_BYTES),
 				 errhint("Use a shorter key, for example a hash of the resource name.")));
+	if (memchr(key, DLOCK_SLOT_SEPARATOR, len) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock key must not contain the control character U+001F"),
+				 errdetail("dlock stores each permit of a key under the key, U+001F and the permit's number."),
+				 errhint("Use printable characters in keys.")));
 }
 
 /* Return argument argno, a key, after checking it. */
@@ -253,6 +259,55 @@ dlock_value_arg(FunctionCallInfo fcinfo, int argno)
 						   DLOCK_MAX_VALUE_BYTES),
 				 errhint("Publish where to find the leader (an address, a name), not data.")));
 	return value;
+}
+
+/*
+ * Return what the arguments permits (argno permits_argno) and mode
+ * (mode_argno) ask for: 1 for an exclusive lease (the default), N > 1 for
+ * one of N permits, 0 for a shared lease.  Absent arguments (a function of
+ * an older version) mean the default.
+ */
+int32
+dlock_permits_arg(FunctionCallInfo fcinfo, int permits_argno, int mode_argno)
+{
+	int32		permits = 1;
+	bool		shared = false;
+
+	if (PG_NARGS() > mode_argno)
+	{
+		char	   *mode;
+
+		if (PG_ARGISNULL(mode_argno))
+			dlock_null_argument(fcinfo, "mode");
+		mode = text_to_cstring(PG_GETARG_TEXT_PP(mode_argno));
+		if (strcmp(mode, "shared") == 0)
+			shared = true;
+		else if (strcmp(mode, "exclusive") != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid lease mode \"%s\"", mode),
+					 errhint("The mode is 'exclusive' (the default) or 'shared'.")));
+	}
+	if (PG_NARGS() > permits_argno)
+	{
+		if (PG_ARGISNULL(permits_argno))
+			dlock_null_argument(fcinfo, "permits");
+		permits = PG_GETARG_INT32(permits_argno);
+		if (permits < 1 || permits > DLOCK_MAX_SLOTS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("permits must be between 1 and %d", DLOCK_MAX_SLOTS),
+					 errdetail("The permits given were %d.", permits),
+					 errhint("Pass how many holders the key admits at once, 1 for an exclusive lease.")));
+	}
+	if (shared && permits != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a shared lease takes no permits"),
+				 errdetail("mode => 'shared' was given with permits => %d.", permits),
+				 errhint("Shared leases coexist without a count (up to %d holders); for at most N holders at once, pass permits => N without a mode.",
+						 DLOCK_MAX_SLOTS)));
+	return shared ? 0 : permits;
 }
 
 /*

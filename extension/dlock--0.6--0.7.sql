@@ -10,14 +10,82 @@ AS 'MODULE_PATHNAME', 'dlock_install_check' LANGUAGE C;
 SELECT dlock.install_check();
 DROP FUNCTION dlock.install_check();
 
--- An election's value.  No default: no table rewrite, existing rows read
--- NULL (no value).
-ALTER TABLE dlock.leases ADD COLUMN value pg_catalog.text;
+-- An election's value, and how many slot keys (permits, shared leases) a
+-- key has used.  No default: no table rewrite, existing rows read NULL (no
+-- value, no slots).
+ALTER TABLE dlock.leases
+	ADD COLUMN value pg_catalog.text,
+	ADD COLUMN slots pg_catalog.int4;
 
 COMMENT ON COLUMN dlock.leases.value IS
 'the value the leader published (dlock.campaign, dlock.proclaim); NULL for other leases';
+COMMENT ON COLUMN dlock.leases.slots IS
+'for a key with permits or shared leases: how many it has used, each stored under key || U&''\001F'' || number';
 
-GRANT SELECT (value) ON dlock.leases TO PUBLIC;
+GRANT SELECT (value, slots) ON dlock.leases TO PUBLIC;
+
+--
+-- Counting semaphores and shared leases: new optional arguments (named,
+-- after the existing ones).  Dropped and created again: a second function
+-- with defaults would make calls ambiguous.
+--
+DROP FUNCTION dlock.try_acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool);
+DROP FUNCTION dlock.acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool);
+
+CREATE FUNCTION dlock.try_acquire(key pg_catalog.text, ttl pg_catalog.interval,
+								  holder pg_catalog.text DEFAULT NULL,
+								  lock_delay pg_catalog.interval DEFAULT NULL,
+								  session_bound pg_catalog.bool DEFAULT false,
+								  permits pg_catalog.int4 DEFAULT 1,
+								  mode pg_catalog.text DEFAULT 'exclusive')
+RETURNS SETOF dlock.lease
+AS 'MODULE_PATHNAME', 'dlock_try_acquire'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION dlock.try_acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool, pg_catalog.int4, pg_catalog.text) IS
+'grant a lease on key for ttl (one of permits, or shared with mode => ''shared'') if one is free (one row), else return no row at once';
+
+CREATE FUNCTION dlock.acquire(key pg_catalog.text, ttl pg_catalog.interval,
+							  wait pg_catalog.interval DEFAULT NULL,
+							  holder pg_catalog.text DEFAULT NULL,
+							  lock_delay pg_catalog.interval DEFAULT NULL,
+							  session_bound pg_catalog.bool DEFAULT false,
+							  permits pg_catalog.int4 DEFAULT 1,
+							  mode pg_catalog.text DEFAULT 'exclusive')
+RETURNS dlock.lease
+AS 'MODULE_PATHNAME', 'dlock_acquire'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION dlock.acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool, pg_catalog.int4, pg_catalog.text) IS
+'grant a lease on key for ttl (one of permits, or shared with mode => ''shared''), waiting up to wait (NULL: no limit) for one to be free';
+
+-- lease_status gains the permit (slot) of each lease: a row per holder.
+DROP VIEW dlock.lease_status;
+DROP FUNCTION dlock.lease_status();
+
+CREATE FUNCTION dlock.lease_status(
+	OUT key pg_catalog.text,
+	OUT holder pg_catalog.text,
+	OUT fence pg_catalog.int8,
+	OUT granted_at pg_catalog.timestamptz,
+	OUT expires_at pg_catalog.timestamptz,
+	OUT remaining pg_catalog.interval,
+	OUT state pg_catalog.text,
+	OUT pid pg_catalog.int4,
+	OUT application_name pg_catalog.text,
+	OUT session_bound pg_catalog.bool,
+	OUT permit pg_catalog.int4)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'dlock_lease_status'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE VIEW dlock.lease_status AS
+	SELECT * FROM dlock.lease_status();
+
+COMMENT ON VIEW dlock.lease_status IS
+'one row per lease: a key''s exclusive lease (permit NULL), or one of its permits or shared leases (permit 1, 2, ...): who holds it, until when, and whether it is held, expired or released';
+
+GRANT SELECT ON dlock.lease_status TO PUBLIC;
 
 --
 -- Leader election: an exclusive lease with a value.  The lease's token is
@@ -66,7 +134,8 @@ CREATE FUNCTION dlock.observe(key pg_catalog.text, after_fence pg_catalog.int8,
 							  OUT holder pg_catalog.text,
 							  OUT value pg_catalog.text,
 							  OUT state pg_catalog.text,
-							  OUT expires_at pg_catalog.timestamptz)
+							  OUT expires_at pg_catalog.timestamptz,
+							  OUT since pg_catalog.timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'dlock_observe'
 LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;

@@ -84,9 +84,22 @@
 #define DLOCK_SPACE_BUSY_WAITERS	0x444f	/* ... for a key lock (wait.c) */
 #define DLOCK_SPACE_SESSIONS	0x4450	/* a connection's session mark */
 #define DLOCK_SPACE_SYNCREP		0x4451	/* a wait for synchronous standbys */
+#define DLOCK_SPACE_NEW_SLOT	0x4452	/* a key's slot count grows (keylock.c) */
 
 /* Longest key, in bytes; documented in docs/reference.md. */
 #define DLOCK_MAX_KEY_BYTES		512
+
+/*
+ * Permits and shared leases.  The holders of a key that admits several
+ * (a semaphore's permits, shared leases) each have a lease of their own,
+ * stored under a slot key: the key, the unit separator U+001F (which no
+ * lock key may contain), and the slot number, 1 to DLOCK_MAX_SLOTS.  The
+ * key's own lease, the head, is the exclusive one; its nslots says how
+ * many slot keys the key has used.
+ */
+#define DLOCK_SLOT_SEPARATOR	'\x1f'
+#define DLOCK_MAX_SLOTS			1000
+#define DLOCK_MAX_STORED_KEY_BYTES	(DLOCK_MAX_KEY_BYTES + 5)
 
 /* Longest holder label, in bytes. */
 #define DLOCK_MAX_HOLDER_BYTES	1024
@@ -120,6 +133,7 @@ typedef struct DlockLease
 	int64		lock_delay;		/* microseconds the key stays ungrantable after
 								 * an unreleased expiry; 0 for none */
 	TimestampTz hold_limit;		/* latest expiry a renewal may set, or DT_NOEND */
+	int32		nslots;			/* a head: slot keys used (permits, shared) */
 } DlockLease;
 
 /* Why a lease is not live (dlock_lease_state). */
@@ -138,7 +152,7 @@ typedef enum DlockLeaseState
  */
 typedef struct DlockKeyState
 {
-	char		key[DLOCK_MAX_KEY_BYTES + 1];	/* hash key */
+	char		key[DLOCK_MAX_STORED_KEY_BYTES + 1];	/* hash key */
 	bool		presented;		/* use_fence named a token for key */
 	int64		presented_fence;
 	bool		verified;		/* lease below read under our write lock */
@@ -154,6 +168,9 @@ typedef struct DlockGrantOptions
 	text	   *value;			/* campaign's value, or NULL */
 	int64		lock_delay;		/* microseconds, 0 for none */
 	bool		session_bound;
+	int32		permits;		/* 1: exclusive; N > 1: one of N permits; 0:
+								 * shared (dlock_permits_arg) */
+	int32		nslots;			/* the head's nslots, kept across grants */
 } DlockGrantOptions;
 
 /* Storage modes (dlock.storage). */
@@ -220,8 +237,16 @@ extern void dlock_acquire_lease(FunctionCallInfo fcinfo,
 								DlockLease *lease);
 extern Datum dlock_lease_result(FunctionCallInfo fcinfo, text *key,
 								DlockLease *lease);
-extern bool dlock_begin_owner_op(const char *k, int len,
-								 const pg_uuid_t *owner, DlockLease *lease,
+/* The key an owner operation works on: the key, or one of its slot keys. */
+typedef struct DlockOwnerKey
+{
+	text	   *key;			/* as text */
+	const char *k;				/* its bytes */
+	int			len;
+	char		buf[DLOCK_MAX_STORED_KEY_BYTES + 1];
+} DlockOwnerKey;
+extern bool dlock_begin_owner_op(text *key, const pg_uuid_t *owner,
+								 DlockOwnerKey *ok, DlockLease *lease,
 								 TimestampTz *now);
 
 /* fence.c */
@@ -273,6 +298,7 @@ extern bool dlock_storage_grant(text *key, TimestampTz now, TimestampTz end,
 								DlockLease *lease);
 extern void dlock_storage_set_end(text *key, TimestampTz end, bool release);
 extern void dlock_storage_set_value(text *key, text *value);
+extern bool dlock_storage_set_slots(text *key, int32 nslots);
 extern DlockLeaseRow *dlock_storage_read_row(const char *key, int len);
 extern List *dlock_storage_scan(void);
 extern List *dlock_storage_old_keys(TimestampTz cutoff);
@@ -309,6 +335,8 @@ extern void dlock_table_put_end(DlockTableChange *c, const char *k, int len,
 extern void dlock_table_put_value(DlockTableChange *c, const char *k, int len,
 								  const text *value);
 extern DlockLeaseRow *dlock_table_read_row(const char *key, int len);
+extern bool dlock_table_put_slots(DlockTableChange *c, const char *k, int len,
+								  int32 nslots);
 extern List *dlock_table_scan(void);
 extern List *dlock_table_old_keys(TimestampTz cutoff);
 extern bool dlock_table_delete_old(const char *k, int len, TimestampTz cutoff,
@@ -420,6 +448,9 @@ extern bool dlock_lock_for_grant(const char *key, int len);
 extern void dlock_unlock_grant(const char *key, int len);
 extern void dlock_lock_for_write(const char *key, int len);
 extern void dlock_unlock_write(const char *key, int len);
+extern bool dlock_lock_for_slot_grant(const char *key, int len);
+extern void dlock_unlock_slot_grant(const char *key, int len);
+extern bool dlock_lock_for_new_slot(const char *key, int len);
 extern void dlock_lock_for_owner_op(const char *key, int len);
 extern void dlock_lock_for_ending(const char *key, int len);
 extern void dlock_unlock_owner_op(const char *key, int len, bool ending);
@@ -447,6 +478,9 @@ extern void dlock_sleep_until(TimestampTz wake_at);
 
 /* keyhash.c */
 extern uint64 dlock_key_hash(const char *key, int len);
+extern int	dlock_slot_key(char *buf, const char *key, int len, int slot);
+extern int	dlock_base_key_len(const char *key, int len);
+extern int	dlock_key_slot(const char *key, int len);
 
 /*
  * Fill *tag with the lock tag of hash h (dlock_key_hash) in lock space space
@@ -478,6 +512,8 @@ extern pg_uuid_t *dlock_owner_arg(FunctionCallInfo fcinfo, int argno);
 extern text *dlock_holder_arg(FunctionCallInfo fcinfo, int argno);
 extern text *dlock_value_arg(FunctionCallInfo fcinfo, int argno);
 extern char *dlock_interval_text(FunctionCallInfo fcinfo, int argno);
+extern int32 dlock_permits_arg(FunctionCallInfo fcinfo, int permits_argno,
+							   int mode_argno);
 
 /* settings.c */
 extern int	dlock_max_ttl_ms;

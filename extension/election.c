@@ -68,6 +68,8 @@ dlock_campaign(PG_FUNCTION_ARGS)
 	args.opts.holder = dlock_holder_arg(fcinfo, 4);
 	args.opts.lock_delay = dlock_lock_delay_arg(fcinfo, 5);
 	args.opts.session_bound = dlock_bool_arg(fcinfo, 6, "session_bound", false);
+	args.opts.permits = 1;		/* one leader */
+	args.opts.nslots = 0;
 
 	dlock_acquire_lease(fcinfo, &args, &lease);
 	return dlock_lease_result(fcinfo, args.key, &lease);
@@ -84,8 +86,7 @@ dlock_proclaim(PG_FUNCTION_ARGS)
 	text	   *key;
 	pg_uuid_t  *owner;
 	text	   *value;
-	const char *k;
-	int			len;
+	DlockOwnerKey ok;
 	DlockLease	lease;
 	TimestampTz now;
 
@@ -94,13 +95,11 @@ dlock_proclaim(PG_FUNCTION_ARGS)
 	key = dlock_key_arg(fcinfo, 0);
 	owner = dlock_owner_arg(fcinfo, 1);
 	value = dlock_value_arg(fcinfo, 2);
-	k = VARDATA_ANY(key);
-	len = VARSIZE_ANY_EXHDR(key);
 
-	if (!dlock_begin_owner_op(k, len, owner, &lease, &now))
+	if (!dlock_begin_owner_op(key, owner, &ok, &lease, &now))
 		PG_RETURN_BOOL(false);
-	dlock_storage_set_value(key, value);
-	dlock_log_proclaim(k, len, &lease, value);
+	dlock_storage_set_value(ok.key, value);
+	dlock_log_proclaim(ok.k, ok.len, &lease, value);
 	PG_RETURN_BOOL(true);
 }
 
@@ -167,7 +166,7 @@ judge(const DlockLeaseRow *row, TimestampTz now, int64 after_fence,
 
 	*wake_at = DT_NOEND;
 	if (row == NULL)
-		return (after_fence > 0 && !seen_end) ? SIGHT_REPORT : SIGHT_SLEEP;
+		return seen_end ? SIGHT_SLEEP : SIGHT_REPORT;
 	if (row->lease.unknown)
 	{
 		/* memory mode before the horizon: nothing is known until then */
@@ -198,6 +197,18 @@ judge(const DlockLeaseRow *row, TimestampTz now, int64 after_fence,
 }
 
 /*
+ * row, unless it is only the head of a key that has only ever had permits
+ * or shared leases: no lease of its own (token 0), as if it had no row.
+ */
+static DlockLeaseRow *
+no_head(DlockLeaseRow *row)
+{
+	if (row != NULL && !row->lease.unknown && row->lease.fence == 0)
+		return NULL;
+	return row;
+}
+
+/*
  * Look at key for observe(): judge its lease (*row, NULL when none), and
  * confirm an expiry under the key's grant lock, as a grant does: a renewal
  * checked in time may still be committing.  Only with the lock free at
@@ -211,7 +222,7 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 	TimestampTz now;
 	Sight		sight;
 
-	*row = dlock_storage_read_row(k, len);
+	*row = no_head(dlock_storage_read_row(k, len));
 	sight = judge(*row, GetCurrentTimestamp(), after_fence, seen_end,
 				  ref, ref_set, wake_at);
 	if (sight != SIGHT_CONFIRM)
@@ -220,7 +231,7 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 		return SIGHT_REPORT;	/* no lock to take; nothing commits here */
 	if (!dlock_lock_for_grant(k, len))
 		return SIGHT_BUSY;
-	*row = dlock_storage_read_row(k, len);
+	*row = no_head(dlock_storage_read_row(k, len));
 	now = GetCurrentTimestamp();
 	sight = judge(*row, now, after_fence, seen_end, ref, ref_set, wake_at);
 	if (sight == SIGHT_CONFIRM)
@@ -235,11 +246,11 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 
 /*
  * dlock.observe(key, after_fence, wait, seen_value, seen_end): return the
- * key's (fence, holder, value, state, expires_at) as soon as its token is
- * above after_fence, its current lease is not live (unless seen_end says
- * the caller knows), or its live lease's value differs from seen_value
- * (NULL: from the value when the call began); no row when wait (NULL: no
- * limit) runs out first.
+ * key's (fence, holder, value, state, expires_at, since) as soon as its
+ * token is above after_fence, its current lease is not live or it has none
+ * (unless seen_end says the caller knows), or its live lease's value
+ * differs from seen_value (NULL: from the value when the call began); no
+ * row when wait (NULL: no limit) runs out first.
  */
 Datum
 dlock_observe(PG_FUNCTION_ARGS)
@@ -334,8 +345,8 @@ dlock_observe(PG_FUNCTION_ARGS)
 
 	if (report)
 	{
-		Datum		values[5];
-		bool		nulls[5] = {0};
+		Datum		values[6];
+		bool		nulls[6] = {0};
 		TimestampTz now = GetCurrentTimestamp();
 
 		if (row == NULL)
@@ -357,6 +368,7 @@ dlock_observe(PG_FUNCTION_ARGS)
 											state == DLOCK_RELEASED ? "released" :
 											"expired");
 			values[4] = TimestampTzGetDatum(row->lease.expires_at);
+			values[5] = TimestampTzGetDatum(row->lease.granted_at);
 		}
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}

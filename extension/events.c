@@ -13,7 +13,7 @@
  * Whether an event happened once (an expiry is logged once per lease) is
  * stats.c's to decide.
  *
- * Owns: nothing.  Calls settings only.
+ * Owns: nothing.  Calls keyhash.c (a permit's key and number) and settings.
  *
  *-------------------------------------------------------------------------
  */
@@ -85,7 +85,9 @@ start_line(StringInfo buf, const char *ev, const char *key, int len)
 	appendStringInfoString(buf, " db=");
 	append_quoted(buf, db, strlen(db));
 	appendStringInfoString(buf, " key=");
-	append_quoted(buf, key, len);
+	append_quoted(buf, key, dlock_base_key_len(key, len));
+	if (dlock_key_slot(key, len) != 0)
+		appendStringInfo(buf, " permit=%d", dlock_key_slot(key, len));
 }
 
 static void
@@ -116,9 +118,11 @@ notify(const char *ev, const char *key, int len, int64 fence, int64 previous)
 		return;
 	initStringInfo(&buf);
 	appendStringInfo(&buf, "{\"event\":\"%s\",\"key\":", ev);
-	k = pnstrdup(key, len);
+	k = pnstrdup(key, dlock_base_key_len(key, len));
 	escape_json(&buf, k);
 	pfree(k);
+	if (dlock_key_slot(key, len) != 0)
+		appendStringInfo(&buf, ",\"permit\":%d", dlock_key_slot(key, len));
 	appendStringInfo(&buf, ",\"fence\":" INT64_FORMAT, fence);
 	if (previous != 0)
 		appendStringInfo(&buf, ",\"previous_fence\":" INT64_FORMAT, previous);

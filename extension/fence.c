@@ -94,7 +94,7 @@ DlockKeyState *
 dlock_key_state(const char *key, bool create)
 {
 	HTAB	   *htab = dlock_xact_hash(&key_states, "dlock fenced keys",
-									   DLOCK_MAX_KEY_BYTES + 1,
+									   DLOCK_MAX_STORED_KEY_BYTES + 1,
 									   sizeof(DlockKeyState), HASH_STRINGS,
 									   create);
 	bool		found;
@@ -123,7 +123,8 @@ dlock_forget_verified(const char *key, int len)
 
 	if (KEY_STATES() == NULL)
 		return;
-	k = pnstrdup(key, len);
+	/* a slot's lease is verified under its key (judge_unlocked) */
+	k = pnstrdup(key, dlock_base_key_len(key, len));
 	st = dlock_key_state(k, false);
 	if (st)
 		st->verified = false;
@@ -220,12 +221,51 @@ judge(const char *key, bool has_token, int64 token, bool monotonic,
  * flight can make valid a token that its presenter could know (a token is
  * only known once its grant has committed, except to the granting
  * transaction itself, which sees its own grant).
+ *
+ * Also find which lease the token names: the key's own, or one of its
+ * permits or shared leases (its slots, dlock.h).  sk (DLOCK_MAX_STORED_KEY_
+ * BYTES + 1 bytes) is set to the key that lease is stored under, which the
+ * write locks and is judged on again under the lock.
  */
 static FenceVerdict
 judge_unlocked(const char *key, bool has_token, int64 token, bool monotonic,
-			   DlockLease *lease)
+			   DlockLease *lease, char *sk)
 {
-	return judge(key, has_token, token, monotonic, lease);
+	FenceVerdict v;
+	DlockLease	newest;
+	int			len = strlen(key);
+	int			i;
+
+	strlcpy(sk, key, DLOCK_MAX_STORED_KEY_BYTES + 1);
+	v = judge(key, has_token, token, monotonic, lease);
+	if (!has_token || token < 1 || !lease->found || lease->unknown ||
+		lease->nslots == 0 || lease->fence == token)
+		return v;
+	newest.found = false;
+	for (i = 1; i <= lease->nslots; i++)
+	{
+		char		buf[DLOCK_MAX_STORED_KEY_BYTES + 1];
+		int			sklen = dlock_slot_key(buf, key, len, i);
+		DlockLease	slot;
+
+		dlock_read_lease(buf, sklen, &slot);
+		if (!slot.found || slot.unknown)
+			continue;
+		if (slot.fence == token)
+		{
+			memcpy(sk, buf, sklen + 1);
+			return judge(sk, has_token, token, monotonic, lease);
+		}
+		if (!newest.found || slot.fence > newest.fence)
+			newest = slot;
+	}
+	/* a permit's token, since granted to someone else: stale */
+	if (v == FENCE_FOREIGN && newest.found && token < newest.fence)
+	{
+		*lease = newest;
+		v = FENCE_STALE;
+	}
+	return v;
 }
 
 /* Each verdict's name in dlock.log_events lines. */
@@ -356,16 +396,17 @@ dlock_fence_write(const char *key, bool has_token, int64 token,
 	DlockKeyState *st = dlock_key_state(key, false);
 	DlockLease	lease;
 	FenceVerdict v;
+	char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
 
 	/* verified already in this transaction, and still unexpired? */
 	if (has_token && still_verified(st, token, monotonic))
 		return token;
 
-	v = judge_unlocked(key, has_token, token, monotonic, &lease);
+	v = judge_unlocked(key, has_token, token, monotonic, &lease, sk);
 	if (v == FENCE_OK)
 	{
-		dlock_lock_for_write(key, strlen(key));
-		v = judge(key, has_token, token, monotonic, &lease);
+		dlock_lock_for_write(sk, strlen(sk));
+		v = judge(sk, has_token, token, monotonic, &lease);
 	}
 	if (v == FENCE_NO_TOKEN && written_back)
 		v = FENCE_WRITTEN_BACK;
@@ -405,6 +446,7 @@ present_fence(FunctionCallInfo fcinfo)
 	DlockLease	lease;
 	FenceVerdict v;
 	DlockKeyState *st;
+	char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
 
 	/* presented and verified already (a call per row, in a WHERE clause) */
 	st = dlock_key_state(key, false);
@@ -412,11 +454,11 @@ present_fence(FunctionCallInfo fcinfo)
 		still_verified(st, fence, false))
 		return;
 
-	v = judge_unlocked(key, true, fence, false, &lease);
+	v = judge_unlocked(key, true, fence, false, &lease, sk);
 	if (v == FENCE_OK)
 	{
-		dlock_lock_for_write(key, strlen(key));
-		v = judge(key, true, fence, false, &lease);
+		dlock_lock_for_write(sk, strlen(sk));
+		v = judge(sk, true, fence, false, &lease);
 	}
 	if (v != FENCE_OK)
 		refuse(v, key, true, fence, &lease, NULL);
@@ -461,13 +503,14 @@ dlock_check_fence(PG_FUNCTION_ARGS)
 	int64		fence = PG_GETARG_INT64(1);
 	DlockLease	lease;
 	FenceVerdict v;
+	char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
 
-	v = judge_unlocked(key, true, fence, false, &lease);
+	v = judge_unlocked(key, true, fence, false, &lease, sk);
 	if (v == FENCE_OK)
 	{
-		dlock_lock_for_write(key, strlen(key));
-		v = judge(key, true, fence, false, &lease);
-		dlock_unlock_write(key, strlen(key));
+		dlock_lock_for_write(sk, strlen(sk));
+		v = judge(sk, true, fence, false, &lease);
+		dlock_unlock_write(sk, strlen(sk));
 	}
 	PG_RETURN_BOOL(v == FENCE_OK);
 }

@@ -19,7 +19,8 @@
  * lease_api checks it against the server's own sha256() through the lock
  * tags that pg_locks shows.
  *
- * Owns: the cache of the last key hashed.  Calls nothing of dlock's.
+ * Owns: the cache of the last keys hashed; how slot keys are named.
+ * Calls nothing of dlock's.
  * (The lock tag of a hash is dlock_hash_locktag, inline in dlock.h.)
  *
  *-------------------------------------------------------------------------
@@ -28,6 +29,7 @@
 
 #include "miscadmin.h"
 #include "storage/lock.h"
+#include "utils/builtins.h"
 
 #include "dlock.h"
 
@@ -172,14 +174,19 @@ sha256_key_hash(const char *key, int len)
 }
 
 /*
- * The hash of the last key hashed, kept for the backend: one call on a key
- * hashes it several times (its lock, its waiters, the wake-ups at the end
- * of the transaction), and a SHA-256 costs more than a key
- * lookup.  A pure function of the key, so the cache is never stale.
+ * The hashes of the last two keys hashed, kept for the backend: one call on
+ * a key hashes it several times (its lock, its waiters, the wake-ups at
+ * the end of the transaction), a slot key's locks hash its key too, and a
+ * SHA-256 costs more than a key lookup.  A pure function of the key, so
+ * the cache is never stale.
  */
-static char last_key[DLOCK_MAX_KEY_BYTES];
-static int	last_len = -1;
-static uint64 last_hash;
+static struct
+{
+	char		key[DLOCK_MAX_STORED_KEY_BYTES];
+	int			len;
+	uint64		hash;
+}			recent[2] = {{"", -1, 0}, {"", -1, 0}};
+static int	recent_next = 0;
 
 /*
  * The 64-bit hash that names key in every lock space and in shared memory
@@ -188,15 +195,55 @@ static uint64 last_hash;
 uint64
 dlock_key_hash(const char *key, int len)
 {
-	if (len == last_len && memcmp(key, last_key, len) == 0)
-		return last_hash;
-	last_hash = sha256_key_hash(key, len);
-	if (len <= DLOCK_MAX_KEY_BYTES)
+	int			i;
+	uint64		h;
+
+	for (i = 0; i < 2; i++)
+		if (len == recent[i].len && memcmp(key, recent[i].key, len) == 0)
+			return recent[i].hash;
+	h = sha256_key_hash(key, len);
+	if (len <= DLOCK_MAX_STORED_KEY_BYTES)
 	{
-		memcpy(last_key, key, len);
-		last_len = len;
+		memcpy(recent[recent_next].key, key, len);
+		recent[recent_next].len = len;
+		recent[recent_next].hash = h;
+		recent_next ^= 1;
 	}
-	else
-		last_len = -1;
-	return last_hash;
+	return h;
+}
+
+/*
+ * Write into buf (DLOCK_MAX_STORED_KEY_BYTES + 1 bytes) the slot key of
+ * slot (1 to DLOCK_MAX_SLOTS) of key (len bytes, a valid lock key), NUL
+ * terminated; return its length.
+ */
+int
+dlock_slot_key(char *buf, const char *key, int len, int slot)
+{
+	Assert(len <= DLOCK_MAX_KEY_BYTES && slot >= 1 && slot <= DLOCK_MAX_SLOTS);
+	memcpy(buf, key, len);
+	buf[len] = DLOCK_SLOT_SEPARATOR;
+	return len + 1 + pg_ltoa(slot, buf + len + 1);
+}
+
+/* The length of the key part of key: all of it unless it is a slot key. */
+int
+dlock_base_key_len(const char *key, int len)
+{
+	const char *sep = memchr(key, DLOCK_SLOT_SEPARATOR, len);
+
+	return sep == NULL ? len : (int) (sep - key);
+}
+
+/* The slot of a slot key, 0 for any other key. */
+int
+dlock_key_slot(const char *key, int len)
+{
+	int			base = dlock_base_key_len(key, len);
+	int			slot = 0;
+	int			i;
+
+	for (i = base + 1; i < len; i++)
+		slot = slot * 10 + (key[i] - '0');
+	return slot;
 }

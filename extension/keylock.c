@@ -20,15 +20,25 @@
  *	write		ShareLock			fenced writes, use_fence, check_fence
  *	owner op	RowShareLock		renew and release, to check the owner
  *	ending		RowExclusiveLock	release, and a renew that shortens
+ *	slot grant	RowExclusiveLock	a grant of a permit or shared lease,
+ *									on the key (its slot key has its own
+ *									locks, as any key); NEVER waits
  *
- *				grant	write	owner op	ending
- *	grant		  x		  x		  x			  x
- *	write		  x		  .		  .			  x
- *	owner op	  x		  .		  .			  .
- *	ending		  x		  x		  .			  .
+ *				grant	write	owner op	ending	slot grant
+ *	grant		  x		  x		  x			  x		  x
+ *	write		  x		  .		  .			  x		  x
+ *	owner op	  x		  .		  .			  .		  .
+ *	ending		  x		  x		  .			  .		  .
+ *	slot grant	  x		  x		  .			  .		  .
  *
  * plus the owner-op lock (its own space, ExclusiveLock) that keeps renew
- * and release of one key from running at once.
+ * and release of one key from running at once, and the new-slot lock (its
+ * own space, ExclusiveLock, never waited for) that serializes the records
+ * of a key's growing slot count.  So a grant of the key's exclusive lease
+ * and a grant of one of its slots exclude each other; the exclusive grant
+ * also takes, as a grant, the lock of every slot key whose lease is held,
+ * which orders it after the writers under those leases.  The slots' own
+ * writers and owner ops lock only their slot key.
  *
  * The rules that make this safe in the lock manager's *queue*, not only
  * in the table above:
@@ -129,7 +139,26 @@ take(const char *key, int len, uint16 space, LOCKMODE mode, bool nowait)
 		return false;
 	/* only writers' ShareLock never comes with a change of the lease */
 	dlock_wait_remember(h, mode != ShareLock);
+	/* the waiters for a slot's key wait on the key (see wake) */
+	if (dlock_base_key_len(key, len) != len)
+		dlock_wait_remember(dlock_key_hash(key, dlock_base_key_len(key, len)),
+							mode != ShareLock);
 	return true;
+}
+
+/*
+ * Wake the waiters of key (with lease_change, also those for its lease),
+ * and for a slot key those of its key: acquirers and observers wait on the
+ * key, whichever of its slots they will get or see.
+ */
+static void
+wake(const char *key, int len, bool lease_change)
+{
+	int			base = dlock_base_key_len(key, len);
+
+	dlock_wake_key(dlock_key_hash(key, len), lease_change);
+	if (base != len)
+		dlock_wake_key(dlock_key_hash(key, base), lease_change);
 }
 
 /* Give back one hold of the lock on key in space and mode. */
@@ -158,7 +187,7 @@ void
 dlock_unlock_grant(const char *key, int len)
 {
 	give_back(key, len, DLOCK_SPACE_KEY, ExclusiveLock);
-	dlock_wake_key(dlock_key_hash(key, len), false);
+	wake(key, len, false);
 }
 
 /*
@@ -177,7 +206,41 @@ void
 dlock_unlock_write(const char *key, int len)
 {
 	give_back(key, len, DLOCK_SPACE_KEY, ShareLock);
-	dlock_wake_key(dlock_key_hash(key, len), false);
+	wake(key, len, false);
+}
+
+/*
+ * Take key's lock for a grant of one of its slots (a permit, a shared
+ * lease), if it is free at once; never wait.  The mode excludes a grant of
+ * the key's exclusive lease and the writers under it (its lease may have
+ * just run out), not other slots' grants nor anything of the slots.  Held
+ * until the end of the transaction, unless given back with
+ * dlock_unlock_slot_grant.
+ */
+bool
+dlock_lock_for_slot_grant(const char *key, int len)
+{
+	return take(key, len, DLOCK_SPACE_KEY, RowExclusiveLock, true);
+}
+
+/* Give back the lock of a slot grant that did not happen, and wake waiters. */
+void
+dlock_unlock_slot_grant(const char *key, int len)
+{
+	give_back(key, len, DLOCK_SPACE_KEY, RowExclusiveLock);
+	wake(key, len, false);
+}
+
+/*
+ * Take key's lock for recording that it uses one more slot key, if it is
+ * free at once; never wait.  Serializes those records among the slot
+ * grants of the key, which do not exclude each other.  Held until the end
+ * of the transaction.
+ */
+bool
+dlock_lock_for_new_slot(const char *key, int len)
+{
+	return take(key, len, DLOCK_SPACE_NEW_SLOT, ExclusiveLock, true);
 }
 
 /*
@@ -216,7 +279,7 @@ dlock_unlock_owner_op(const char *key, int len, bool ending)
 		give_back(key, len, DLOCK_SPACE_KEY, RowExclusiveLock);
 	give_back(key, len, DLOCK_SPACE_OWNER_OPS, ExclusiveLock);
 	give_back(key, len, DLOCK_SPACE_KEY, RowShareLock);
-	dlock_wake_key(dlock_key_hash(key, len), false);
+	wake(key, len, false);
 }
 
 /* This connection's session mark (0: none taken yet). */
@@ -298,6 +361,7 @@ dlock_session_mark(const char *key, int len)
 {
 	LOCKTAG		tag;
 	uint64		h = dlock_key_hash(key, len);
+	uint64		base_h = dlock_key_hash(key, dlock_base_key_len(key, len));
 	bool		found;
 
 	session_mark_check();
@@ -335,6 +399,7 @@ dlock_session_mark(const char *key, int len)
 								 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
 	(void) hash_search(bound_keys, &h, HASH_ENTER, &found);
+	(void) hash_search(bound_keys, &base_h, HASH_ENTER, &found);
 	return session_mark;
 }
 

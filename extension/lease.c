@@ -88,41 +88,20 @@ blocked_until(const DlockLease *lease, DlockLeaseState state, TimestampTz now)
 }
 
 /*
- * One attempt to grant key for ttl microseconds.  Never waits.  On
- * GRANT_OK, *lease is the new lease and the grant lock stays held until
- * the end of the transaction; on GRANT_HELD, *lease is the lease in the
- * way and *until when it stops being in the way.
+ * Grant key (its row *prev, read under the grant lock) for ttl microseconds
+ * from now: write the lease, check its token against the key's last one,
+ * count it.  On GRANT_OK, *lease is the new lease; GRANT_BUSY when a
+ * prune() deleting the key's row has not committed yet.  The caller gives
+ * back its locks on failure.
  */
 static GrantResult
-attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
-			  DlockLease *lease, TimestampTz *until)
+grant_locked(text *key, int64 ttl, const DlockGrantOptions *opts,
+			 const DlockLease *prev, TimestampTz now, DlockLease *lease)
 {
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
-	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz hold_limit = DT_NOEND;
-	DlockLease	prev;
 
-	/*
-	 * A refusal needs no lock.  (Nor is an expiry counted from this look:
-	 * a renewal may be in flight, and the look under the lock is exact.)
-	 */
-	dlock_read_lease(k, len, lease);
-	*until = blocked_until(lease, dlock_lease_state(lease, now), now);
-	if (*until != 0)
-		return GRANT_HELD;
-	if (!dlock_lock_for_grant(k, len))
-		return GRANT_BUSY;
-	/* read again: a grant may have committed since the first look */
-	dlock_read_lease(k, len, lease);
-	now = GetCurrentTimestamp();
-	*until = blocked_until(lease, look(k, len, lease, now), now);
-	if (*until != 0)
-	{
-		dlock_unlock_grant(k, len);
-		return GRANT_HELD;
-	}
-	prev = *lease;
 	/* dlock.max_hold caps the grant, and every renewal of it */
 	if (dlock_max_hold_ms > 0)
 	{
@@ -135,7 +114,6 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 		 * A prune() that deleted the key's row has not committed yet; or,
 		 * in memory mode, a restore moved the database's barrier.
 		 */
-		dlock_unlock_grant(k, len);
 		return GRANT_BUSY;
 	}
 
@@ -145,17 +123,300 @@ attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 	 * sequence from somewhere else): refuse, so that no token is issued
 	 * twice, until an administrator moves the counter forward.
 	 */
-	if (prev.found && !prev.unknown && lease->fence <= prev.fence)
+	if (prev->found && !prev->unknown && lease->fence <= prev->fence)
+	{
+		int			base = dlock_base_key_len(k, len);
+
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("dlock's token counter is behind a token it issued for key \"%s\"",
-						text_to_cstring(key)),
+						pnstrdup(k, base)),
 				 errdetail("The key's last token is " INT64_FORMAT "; the counter gave " INT64_FORMAT ".",
-						   prev.fence, lease->fence),
+						   prev->fence, lease->fence),
 				 errhint("Something set dlock.token_seq back.  As its owner, move it past every token issued, e.g. SELECT setval('dlock.token_seq', max(fence)) FROM dlock.leases, then grant again.")));
+	}
 	dlock_forget_verified(k, len);
-	dlock_count_grant(k, len, &prev, lease, opts);
+	dlock_count_grant(k, len, prev, lease, opts);
 	return GRANT_OK;
+}
+
+/*
+ * May key (len bytes), whose head says it has used nslots slot keys, be
+ * granted exclusively as far as its slots go?  GRANT_OK when no slot's
+ * lease is live (nor in its lock delay); else GRANT_HELD, with *lease the
+ * slot lease in the way that frees first and *until when, or GRANT_BUSY.
+ * With locked (the caller holds the key's grant lock), each slot whose
+ * lease is held is locked as for a grant too, without waiting, and looked
+ * at under that lock: that orders the grant after the writers under the
+ * slot's lease (it may have just run out), and a renewal checked in time
+ * is not missed.  Those locks are kept on GRANT_OK, given back otherwise.
+ */
+static GrantResult
+slots_free(const char *k, int len, int32 nslots, bool locked,
+		   DlockLease *lease, TimestampTz *until)
+{
+	char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
+	int			taken[DLOCK_MAX_SLOTS];
+	int			ntaken = 0;
+	GrantResult r = GRANT_OK;
+	int			i;
+
+	*until = DT_NOEND;
+	for (i = 1; i <= nslots && r != GRANT_BUSY; i++)
+	{
+		int			sklen = dlock_slot_key(sk, k, len, i);
+		DlockLease	slot;
+		TimestampTz now = GetCurrentTimestamp();
+		TimestampTz u;
+
+		dlock_read_lease(sk, sklen, &slot);
+		u = blocked_until(&slot, dlock_lease_state(&slot, now), now);
+		if (u == 0 && locked && slot.found && slot.held)
+		{
+			if (!dlock_lock_for_grant(sk, sklen))
+			{
+				r = GRANT_BUSY;
+				break;
+			}
+			taken[ntaken++] = i;
+			dlock_read_lease(sk, sklen, &slot);
+			now = GetCurrentTimestamp();
+			u = blocked_until(&slot, look(sk, sklen, &slot, now), now);
+		}
+		if (u != 0)
+		{
+			r = GRANT_HELD;
+			if (u < *until)
+			{
+				*until = u;
+				*lease = slot;
+			}
+		}
+	}
+	if (r != GRANT_OK)
+	{
+		for (i = 0; i < ntaken; i++)
+		{
+			int			sklen = dlock_slot_key(sk, k, len, taken[i]);
+
+			dlock_unlock_grant(sk, sklen);
+		}
+	}
+	return r;
+}
+
+/*
+ * One attempt to grant key exclusively for ttl microseconds.  Never waits.
+ * On GRANT_OK, *lease is the new lease and the grant lock stays held until
+ * the end of the transaction; on GRANT_HELD, *lease is the lease in the
+ * way and *until when it stops being in the way.
+ */
+static GrantResult
+attempt_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
+			  DlockLease *lease, TimestampTz *until)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	TimestampTz now = GetCurrentTimestamp();
+	DlockLease	prev;
+	DlockGrantOptions o;
+	GrantResult r;
+
+	/*
+	 * A refusal needs no lock.  (Nor is an expiry counted from this look:
+	 * a renewal may be in flight, and the look under the lock is exact.)
+	 */
+	dlock_read_lease(k, len, lease);
+	*until = blocked_until(lease, dlock_lease_state(lease, now), now);
+	if (*until != 0)
+		return GRANT_HELD;
+	if (lease->nslots > 0 &&
+		(r = slots_free(k, len, lease->nslots, false, lease, until)) != GRANT_OK)
+		return r;
+	if (!dlock_lock_for_grant(k, len))
+		return GRANT_BUSY;
+	/* read again: a grant may have committed since the first look */
+	dlock_read_lease(k, len, lease);
+	now = GetCurrentTimestamp();
+	*until = blocked_until(lease, look(k, len, lease, now), now);
+	if (*until != 0)
+	{
+		dlock_unlock_grant(k, len);
+		return GRANT_HELD;
+	}
+	prev = *lease;
+	if (prev.nslots > 0 &&
+		(r = slots_free(k, len, prev.nslots, true, lease, until)) != GRANT_OK)
+	{
+		dlock_unlock_grant(k, len);
+		return r;
+	}
+	o = *opts;
+	o.nslots = prev.nslots;		/* the head keeps its slot count */
+	r = grant_locked(key, ttl, &o, &prev, GetCurrentTimestamp(), lease);
+	if (r != GRANT_OK)
+		dlock_unlock_grant(k, len);
+	return r;
+}
+
+/*
+ * One attempt to grant one of key's slots: one of its first opts->permits
+ * permits, or (opts->permits 0) a shared lease, in any of DLOCK_MAX_SLOTS
+ * slots.  Never waits.  The lowest free slot is taken.  A live exclusive
+ * lease of the key (or its lock delay) is in the way of every slot.  On
+ * GRANT_OK, *lease is the new lease of the slot, and the key's slot-grant
+ * lock and the slot's grant lock stay held until the end of the
+ * transaction; on GRANT_HELD, *lease is the lease in the way that frees
+ * first and *until when.
+ */
+static GrantResult
+attempt_slot_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
+				   DlockLease *lease, TimestampTz *until)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	int			last = opts->permits == 0 ? DLOCK_MAX_SLOTS : opts->permits;
+	char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
+	int			sklen;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz u;
+	DlockLease	head;
+	DlockLease	slot;
+	DlockGrantOptions o;
+	bool		busy = false;
+	int			first = 0;
+	int			i;
+
+	/* a look without a lock: the first slot that may be free */
+	*until = DT_NOEND;
+	dlock_read_lease(k, len, &head);
+	u = blocked_until(&head, dlock_lease_state(&head, now), now);
+	if (u != 0)
+	{
+		*lease = head;
+		*until = u;
+		return GRANT_HELD;
+	}
+	for (i = 1; i <= last && first == 0; i++)
+	{
+		if (i > head.nslots)
+		{
+			first = i;			/* never used */
+			break;
+		}
+		sklen = dlock_slot_key(sk, k, len, i);
+		dlock_read_lease(sk, sklen, &slot);
+		u = blocked_until(&slot, dlock_lease_state(&slot, now), now);
+		if (u == 0)
+			first = i;
+		else if (u < *until)
+		{
+			*until = u;
+			*lease = slot;
+		}
+	}
+	if (first == 0)
+		return GRANT_HELD;
+
+	if (!dlock_lock_for_slot_grant(k, len))
+		return GRANT_BUSY;
+	dlock_read_lease(k, len, &head);
+	now = GetCurrentTimestamp();
+	u = blocked_until(&head, look(k, len, &head, now), now);
+	if (u != 0)
+	{
+		dlock_unlock_slot_grant(k, len);
+		*lease = head;
+		*until = u;
+		return GRANT_HELD;
+	}
+	for (i = first; i <= last; i++)
+	{
+		GrantResult r;
+		text	   *skey;
+
+		sklen = dlock_slot_key(sk, k, len, i);
+		if (i <= head.nslots)
+		{
+			dlock_read_lease(sk, sklen, &slot);
+			u = blocked_until(&slot, dlock_lease_state(&slot, now), now);
+			if (u != 0)
+			{
+				if (u < *until)
+				{
+					*until = u;
+					*lease = slot;
+				}
+				continue;
+			}
+		}
+		if (!dlock_lock_for_grant(sk, sklen))
+		{
+			busy = true;		/* a grant of this slot in flight */
+			continue;
+		}
+		dlock_read_lease(sk, sklen, &slot);
+		now = GetCurrentTimestamp();
+		u = blocked_until(&slot, look(sk, sklen, &slot, now), now);
+		if (u != 0)
+		{
+			dlock_unlock_grant(sk, sklen);
+			if (u < *until)
+			{
+				*until = u;
+				*lease = slot;
+			}
+			continue;
+		}
+		if (i > head.nslots)
+		{
+			/*
+			 * The key's first use of this slot: the head records it, and
+			 * more at once (all N permits; for shared leases, twice as
+			 * many as before), so that the grants that follow need not
+			 * wait for this one to commit before they can record theirs.
+			 */
+			int32		n = opts->permits > 1 ? opts->permits :
+				Min(DLOCK_MAX_SLOTS, Max(8, 2 * head.nslots));
+
+			if (!dlock_lock_for_new_slot(k, len))
+			{
+				dlock_unlock_grant(sk, sklen);
+				dlock_unlock_slot_grant(k, len);
+				return GRANT_BUSY;
+			}
+			dlock_read_lease(k, len, &head);
+			n = Max(n, i);
+			if (head.nslots < n && !dlock_storage_set_slots(key, n))
+			{
+				dlock_unlock_grant(sk, sklen);
+				dlock_unlock_slot_grant(k, len);
+				return GRANT_BUSY;
+			}
+		}
+		o = *opts;
+		o.nslots = 0;
+		skey = cstring_to_text_with_len(sk, sklen);
+		r = grant_locked(skey, ttl, &o, &slot, GetCurrentTimestamp(), lease);
+		if (r != GRANT_OK)
+		{
+			dlock_unlock_grant(sk, sklen);
+			dlock_unlock_slot_grant(k, len);
+		}
+		return r;
+	}
+	dlock_unlock_slot_grant(k, len);
+	return busy ? GRANT_BUSY : GRANT_HELD;
+}
+
+/* One attempt to grant key as opts asks (exclusive, a permit, shared). */
+static GrantResult
+attempt(text *key, int64 ttl, const DlockGrantOptions *opts,
+		DlockLease *lease, TimestampTz *until)
+{
+	if (opts->permits == 1)
+		return attempt_grant(key, ttl, opts, lease, until);
+	return attempt_slot_grant(key, ttl, opts, lease, until);
 }
 
 /*
@@ -237,7 +498,7 @@ grant_waiting(text *key, int64 ttl, const DlockGrantOptions *opts,
 					dlock_wait_register(k, len, false);
 					registered = true;
 				}
-				r = attempt_grant(key, ttl, opts, lease, &until);
+				r = attempt(key, ttl, opts, lease, &until);
 				if (r == GRANT_OK)
 					break;
 				if (r == GRANT_BUSY && !busy_registered)
@@ -373,11 +634,13 @@ dlock_try_acquire(PG_FUNCTION_ARGS)
 	opts.value = NULL;
 	opts.lock_delay = dlock_lock_delay_arg(fcinfo, 3);
 	opts.session_bound = dlock_bool_arg(fcinfo, 4, "session_bound", false);
+	opts.permits = dlock_permits_arg(fcinfo, 5, 6);
+	opts.nslots = 0;
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 	/* acquirers queued for the key come first */
 	if (dlock_queue_others(k, len) ||
-		attempt_grant(key, ttl, &opts, &lease, &until) != GRANT_OK)
+		attempt(key, ttl, &opts, &lease, &until) != GRANT_OK)
 	{
 		dlock_count(k, len, DLOCK_EV_CONTENDED);
 		return dlock_lease_result(fcinfo, key, NULL);
@@ -415,6 +678,10 @@ dlock_acquire_lease(FunctionCallInfo fcinfo, const DlockAcquireArgs *args,
 				 errmsg("could not acquire the lease on \"%s\" within %s",
 						text_to_cstring(key),
 						dlock_interval_text(fcinfo, args->wait_argno)),
+				 r == GRANT_HELD && args->opts.permits > 1 ?
+				 errdetail("All %d permits were held, or an exclusive lease held the key; the first of them to end ends at %s.",
+						   args->opts.permits,
+						   timestamptz_to_str(lease->expires_at + (dlock_lease_is_live(lease, GetCurrentTimestamp()) ? 0 : lease->lock_delay))) :
 				 r == GRANT_HELD && dlock_lease_is_live(lease, GetCurrentTimestamp()) ?
 				 errdetail("Another owner holds the lease until %s.",
 						   timestamptz_to_str(lease->expires_at)) :
@@ -451,6 +718,8 @@ dlock_acquire(PG_FUNCTION_ARGS)
 	args.opts.value = NULL;
 	args.opts.lock_delay = dlock_lock_delay_arg(fcinfo, 4);
 	args.opts.session_bound = dlock_bool_arg(fcinfo, 5, "session_bound", false);
+	args.opts.permits = dlock_permits_arg(fcinfo, 6, 7);
+	args.opts.nslots = 0;
 
 	dlock_acquire_lease(fcinfo, &args, &lease);
 	return dlock_lease_result(fcinfo, args.key, &lease);
@@ -465,12 +734,41 @@ owns(const DlockLease *lease, const pg_uuid_t *owner, TimestampTz now)
 }
 
 /*
- * Start an owner operation (renew, release) on key: refuse a stranger from
- * the lease row alone, without touching any lock (see keylock.c), then take
- * the owner-op locks and check again.  Return false, holding no lock, when
- * owner does not hold a live lease; else true, with *lease read under the
- * locks and *now the clock after them (a wait for the locks must not keep
- * a lease alive).
+ * Does owner hold one of the slot leases of key k (len bytes), whose head
+ * says it has used nslots slot keys?  Then set ok to that slot key and
+ * *lease to its lease, read without a lock.
+ */
+static bool
+find_owner_slot(const char *k, int len, int32 nslots, const pg_uuid_t *owner,
+				DlockOwnerKey *ok, DlockLease *lease)
+{
+	int			i;
+
+	for (i = 1; i <= nslots; i++)
+	{
+		int			sklen = dlock_slot_key(ok->buf, k, len, i);
+
+		dlock_read_lease(ok->buf, sklen, lease);
+		if (lease->found && lease->held && !lease->unknown &&
+			memcmp(&lease->owner, owner, sizeof(pg_uuid_t)) == 0)
+		{
+			ok->k = ok->buf;
+			ok->len = sklen;
+			ok->key = cstring_to_text_with_len(ok->buf, sklen);
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Start an owner operation (renew, release, proclaim) on key: find the
+ * lease that owner holds, the key's own or one of its slots' (*ok says
+ * which), refusing a stranger from the lease rows alone, without touching
+ * any lock (see keylock.c); then take the owner-op locks and check again.
+ * Return false, holding no lock, when owner does not hold a live lease;
+ * else true, with *lease read under the locks and *now the clock after
+ * them (a wait for the locks must not keep a lease alive).
  *
  * Without the lock only a different owner (or none) is final.  A lease of
  * this owner that looks expired may have a renewal from another of the
@@ -479,20 +777,31 @@ owns(const DlockLease *lease, const pg_uuid_t *owner, TimestampTz now)
  * lease was renewed in time that it lost it.
  */
 bool
-dlock_begin_owner_op(const char *k, int len, const pg_uuid_t *owner,
-			   DlockLease *lease, TimestampTz *now)
+dlock_begin_owner_op(text *key, const pg_uuid_t *owner, DlockOwnerKey *ok,
+					 DlockLease *lease, TimestampTz *now)
 {
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+
+	ok->key = key;
+	ok->k = k;
+	ok->len = len;
 	dlock_read_lease(k, len, lease);
-	if (!lease->found || !lease->held || lease->unknown ||
-		memcmp(&lease->owner, owner, sizeof(pg_uuid_t)) != 0)
+	if (!lease->found || lease->unknown)
 		return false;
-	dlock_lock_for_owner_op(k, len);
+	if (!lease->held || memcmp(&lease->owner, owner, sizeof(pg_uuid_t)) != 0)
+	{
+		if (lease->nslots == 0 ||
+			!find_owner_slot(k, len, lease->nslots, owner, ok, lease))
+			return false;
+	}
+	dlock_lock_for_owner_op(ok->k, ok->len);
 	*now = GetCurrentTimestamp();
-	dlock_read_lease(k, len, lease);
+	dlock_read_lease(ok->k, ok->len, lease);
 	if (!owns(lease, owner, *now))
 	{
-		(void) look(k, len, lease, *now);
-		dlock_unlock_owner_op(k, len, false);
+		(void) look(ok->k, ok->len, lease, *now);
+		dlock_unlock_owner_op(ok->k, ok->len, false);
 		return false;
 	}
 	return true;
@@ -526,8 +835,7 @@ dlock_renew(PG_FUNCTION_ARGS)
 	text	   *key;
 	pg_uuid_t  *owner;
 	int64		ttl;
-	const char *k;
-	int			len;
+	DlockOwnerKey ok;
 	DlockLease	lease;
 	TimestampTz now;
 	TimestampTz end;
@@ -538,31 +846,29 @@ dlock_renew(PG_FUNCTION_ARGS)
 	key = dlock_key_arg(fcinfo, 0);
 	owner = dlock_owner_arg(fcinfo, 1);
 	ttl = dlock_ttl_arg(fcinfo, 2);
-	k = VARDATA_ANY(key);
-	len = VARSIZE_ANY_EXHDR(key);
 
-	if (!dlock_begin_owner_op(k, len, owner, &lease, &now))
+	if (!dlock_begin_owner_op(key, owner, &ok, &lease, &now))
 	{
-		dlock_count(k, len, DLOCK_EV_LOST_RENEWAL);
+		dlock_count(ok.k, ok.len, DLOCK_EV_LOST_RENEWAL);
 		PG_RETURN_NULL();
 	}
 	if (Min(now + ttl, hold_limit(&lease)) < lease.expires_at)
 	{
-		dlock_lock_for_ending(k, len);
+		dlock_lock_for_ending(ok.k, ok.len);
 		ending = true;
 		now = GetCurrentTimestamp();
-		dlock_read_lease(k, len, &lease);
+		dlock_read_lease(ok.k, ok.len, &lease);
 	}
 	end = Min(now + ttl, hold_limit(&lease));
 	if (!owns(&lease, owner, now) || end <= now)
 	{
-		dlock_unlock_owner_op(k, len, ending);
-		dlock_count(k, len, DLOCK_EV_LOST_RENEWAL);
+		dlock_unlock_owner_op(ok.k, ok.len, ending);
+		dlock_count(ok.k, ok.len, DLOCK_EV_LOST_RENEWAL);
 		PG_RETURN_NULL();
 	}
-	dlock_storage_set_end(key, end, false);
-	dlock_forget_verified(k, len);
-	dlock_count(k, len, DLOCK_EV_RENEWED);
+	dlock_storage_set_end(ok.key, end, false);
+	dlock_forget_verified(ok.k, ok.len);
+	dlock_count(ok.k, ok.len, DLOCK_EV_RENEWED);
 	PG_RETURN_TIMESTAMPTZ(end);
 }
 
@@ -576,8 +882,7 @@ dlock_release(PG_FUNCTION_ARGS)
 {
 	text	   *key;
 	pg_uuid_t  *owner;
-	const char *k;
-	int			len;
+	DlockOwnerKey ok;
 	DlockLease	lease;
 	TimestampTz now;
 
@@ -585,23 +890,21 @@ dlock_release(PG_FUNCTION_ARGS)
 	dlock_check_writable();
 	key = dlock_key_arg(fcinfo, 0);
 	owner = dlock_owner_arg(fcinfo, 1);
-	k = VARDATA_ANY(key);
-	len = VARSIZE_ANY_EXHDR(key);
 
-	if (!dlock_begin_owner_op(k, len, owner, &lease, &now))
+	if (!dlock_begin_owner_op(key, owner, &ok, &lease, &now))
 		PG_RETURN_BOOL(false);
 	/* only now queue behind the writers: a stranger never gets here */
-	dlock_lock_for_ending(k, len);
+	dlock_lock_for_ending(ok.k, ok.len);
 	now = GetCurrentTimestamp();
-	dlock_read_lease(k, len, &lease);
+	dlock_read_lease(ok.k, ok.len, &lease);
 	if (!owns(&lease, owner, now))
 	{
-		dlock_unlock_owner_op(k, len, true);
+		dlock_unlock_owner_op(ok.k, ok.len, true);
 		PG_RETURN_BOOL(false);
 	}
-	dlock_storage_set_end(key, now, true);
-	dlock_forget_verified(k, len);
-	dlock_count_release(k, len, &lease, now);
+	dlock_storage_set_end(ok.key, now, true);
+	dlock_forget_verified(ok.k, ok.len);
+	dlock_count_release(ok.k, ok.len, &lease, now);
 	PG_RETURN_BOOL(true);
 }
 
@@ -649,9 +952,21 @@ dlock_prune(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(deleted);
 }
 
+/* Raise the error of forget() for key, which somebody has locked. */
+static pg_attribute_noreturn() void
+key_in_use(text *key)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("lock key \"%s\" is in use", text_to_cstring(key)),
+			 errdetail("A grant, a renewal, a release or a fenced write of the key is in progress."),
+			 errhint("Try again.")));
+}
+
 /*
- * dlock.forget(key): drop key's lease, held or not, as prune() drops an
- * old one; return whether there was one.  For administrators (EXECUTE is
+ * dlock.forget(key): drop key's lease, held or not, and those of its
+ * permits and shared leases, as prune() drops an old one; return whether
+ * there was one.  For administrators (EXECUTE is
  * revoked from PUBLIC), in either storage mode: in memory mode nobody can
  * delete the lease any other way.  The holder's fenced writes are refused
  * from then on (no lease), and the key's next token is still higher than
@@ -664,7 +979,9 @@ dlock_forget(PG_FUNCTION_ARGS)
 	text	   *key;
 	const char *k;
 	int			len;
-	bool		deleted;
+	bool		deleted = false;
+	DlockLease	head;
+	int			i;
 
 	dlock_no_parallel(fcinfo);
 	dlock_check_writable();
@@ -672,14 +989,30 @@ dlock_forget(PG_FUNCTION_ARGS)
 	k = VARDATA_ANY(key);
 	len = VARSIZE_ANY_EXHDR(key);
 	if (!dlock_lock_for_grant(k, len))
-		ereport(ERROR,
-				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("lock key \"%s\" is in use", text_to_cstring(key)),
-				 errdetail("A grant, a renewal, a release or a fenced write of the key is in progress."),
-				 errhint("Try again.")));
-	deleted = dlock_storage_delete_old(key, DT_NOEND, true);
-	if (deleted)
+		key_in_use(key);
+	/* the key's permits and shared leases first; none is granted meanwhile */
+	dlock_read_lease(k, len, &head);
+	for (i = 1; i <= head.nslots; i++)
+	{
+		char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
+		int			sklen = dlock_slot_key(sk, k, len, i);
+
+		if (!dlock_lock_for_grant(sk, sklen))
+			key_in_use(key);
+		if (dlock_storage_delete_old(cstring_to_text_with_len(sk, sklen),
+									 DT_NOEND, true))
+		{
+			dlock_forget_verified(sk, sklen);
+			deleted = true;
+		}
+		dlock_unlock_grant(sk, sklen);
+	}
+	if (dlock_storage_delete_old(key, DT_NOEND, true))
+	{
 		dlock_forget_verified(k, len);
+		/* a key that had only slots had no lease of its own */
+		deleted = deleted || head.fence != 0;
+	}
 	dlock_unlock_grant(k, len);
 	PG_RETURN_BOOL(deleted);
 }
@@ -696,17 +1029,31 @@ dlock_lease_status(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	List	   *rows;
 	ListCell   *lc;
+	int			natts;
 
 	dlock_no_parallel(fcinfo);
 	InitMaterializedSRF(fcinfo, 0);
+	natts = rsinfo->setDesc->natts;		/* 10 before 0.7, 11 since */
 	rows = dlock_storage_scan();
 	foreach(lc, rows)
 	{
 		DlockLeaseRow *row = lfirst(lc);
 		DlockLeaseState state = dlock_lease_state(&row->lease, now);
-		Datum		values[10];
-		bool		nulls[10] = {0};
+		const char *k = VARDATA_ANY(row->key);
+		int			len = VARSIZE_ANY_EXHDR(row->key);
+		int			base = dlock_base_key_len(k, len);
+		Datum		values[11];
+		bool		nulls[11] = {0};
 
+		/* a key that has only had slots has no lease of its own to show */
+		if (row->lease.found && !row->lease.unknown &&
+			row->lease.nslots > 0 && row->lease.fence == 0)
+			continue;
+		if (natts < 11 && base != len)
+			continue;			/* no permit column: no slots yet anyway */
+		values[0] = PointerGetDatum(cstring_to_text_with_len(k, base));
+		values[10] = Int32GetDatum(dlock_key_slot(k, len));
+		nulls[10] = (base == len);
 		if (row->lease.unknown)
 		{
 			/*
@@ -714,9 +1061,10 @@ dlock_lease_status(PG_FUNCTION_ARGS)
 			 * show what a grant would meet, with nothing of a lease that is
 			 * not the one in force.
 			 */
-			memset(nulls, true, sizeof(nulls));
-			values[0] = PointerGetDatum(row->key);
-			nulls[0] = false;
+			int			i;
+
+			for (i = 1; i < 10; i++)
+				nulls[i] = true;
 			values[4] = TimestampTzGetDatum(row->lease.expires_at);
 			nulls[4] = false;
 			values[5] = dlock_usecs_interval(row->lease.expires_at - now);
@@ -728,7 +1076,6 @@ dlock_lease_status(PG_FUNCTION_ARGS)
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 			continue;
 		}
-		values[0] = PointerGetDatum(row->key);
 		values[1] = PointerGetDatum(row->holder);
 		nulls[1] = (row->holder == NULL);
 		values[2] = Int64GetDatum(row->lease.fence);
@@ -746,9 +1093,7 @@ dlock_lease_status(PG_FUNCTION_ARGS)
 		values[9] = BoolGetDatum(row->lease.session_id != 0);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		if (row->lease.held && state != DLOCK_LIVE)
-			dlock_notice_end_in_view(VARDATA_ANY(row->key),
-									 VARSIZE_ANY_EXHDR(row->key),
-									 &row->lease, state, now);
+			dlock_notice_end_in_view(k, len, &row->lease, state, now);
 	}
 	return (Datum) 0;
 }

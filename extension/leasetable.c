@@ -59,7 +59,7 @@
  * ALTER EXTENSION dlock UPDATE the others read as NULL and are not written
  * (and the functions that need them do not exist).
  */
-#define Natts_leases			12
+#define Natts_leases			13
 #define Anum_leases_key			1
 #define Anum_leases_fence		2
 #define Anum_leases_owner		3
@@ -72,6 +72,7 @@
 #define Anum_leases_lock_delay	10
 #define Anum_leases_hold_limit	11
 #define Anum_leases_value		12
+#define Anum_leases_slots		13
 
 /*
  * Open dlock.leases with lockmode, after making sure that ids are valid.
@@ -206,6 +207,9 @@ row_to_lease(Relation rel, HeapTuple tup, DlockLease *lease)
 	d = column(rel, tup, Anum_leases_hold_limit, &isnull);
 	if (!isnull)
 		lease->hold_limit = DatumGetTimestampTz(d);
+	d = column(rel, tup, Anum_leases_slots, &isnull);
+	if (!isnull)
+		lease->nslots = DatumGetInt32(d);
 }
 
 /*
@@ -315,7 +319,7 @@ dlock_table_check_grant(DlockTableChange *c, const DlockGrantOptions *opts)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("session-bound leases need dlock 0.3"),
 				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
-	if (opts->value != NULL && natts < Anum_leases_value)
+	if ((opts->value != NULL || opts->nslots != 0) && natts < Anum_leases_slots)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("election values need dlock 0.7"),
@@ -374,6 +378,8 @@ dlock_table_put_grant(DlockTableChange *c, const char *k, int len,
 	nulls[Anum_leases_hold_limit - 1] = (lease->hold_limit == DT_NOEND);
 	values[Anum_leases_value - 1] = PointerGetDatum(opts->value);
 	nulls[Anum_leases_value - 1] = (opts->value == NULL);
+	values[Anum_leases_slots - 1] = Int32GetDatum(lease->nslots);
+	nulls[Anum_leases_slots - 1] = (lease->nslots == 0);
 	/* before ALTER EXTENSION UPDATE, the table has only the first columns */
 	natts = Min(desc->natts, Natts_leases);
 
@@ -503,6 +509,69 @@ dlock_table_put_value(DlockTableChange *c, const char *k, int len,
 	if (!HeapTupleIsHeapOnly(tup))
 		insert_index_entries(rel, tup);
 	CommandCounterIncrement();
+}
+
+/*
+ * Record in the row of key (c from dlock_table_begin_change) that it has
+ * used nslots slot keys; a key without a row gets one, with no lease (no
+ * owner, token 0).  The caller holds the key's new-slot lock.  Return
+ * false, writing nothing, when a prune() that has not committed yet is
+ * deleting the row (as dlock_table_put_grant does).
+ */
+bool
+dlock_table_put_slots(DlockTableChange *c, const char *k, int len,
+					  int32 nslots)
+{
+	Relation	rel = c->rel;
+	TupleDesc	desc = RelationGetDescr(rel);
+	HeapTuple	old;
+	HeapTuple	tup;
+	Datum		values[Natts_leases] = {0};
+	bool		nulls[Natts_leases] = {0};
+	bool		replace[Natts_leases] = {0};
+
+	if (desc->natts < Anum_leases_slots)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("permits and shared leases need dlock 0.7"),
+				 errhint("Run ALTER EXTENSION dlock UPDATE.")));
+	values[Anum_leases_slots - 1] = Int32GetDatum(nslots);
+	replace[Anum_leases_slots - 1] = true;
+	old = fetch_row(rel, k, len);
+	if (old != NULL &&
+		!(old->t_data->t_infomask & HEAP_XMAX_INVALID) &&
+		!HEAP_XMAX_IS_LOCKED_ONLY(old->t_data->t_infomask) &&
+		TransactionIdIsInProgress(HeapTupleHeaderGetUpdateXid(old->t_data)))
+		return false;
+	if (old != NULL)
+	{
+		tup = heap_modify_tuple(old, desc, values, nulls, replace);
+		simple_heap_update(rel, &old->t_self, tup);
+		if (!HeapTupleIsHeapOnly(tup))
+			insert_index_entries(rel, tup);
+	}
+	else
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		int			i;
+
+		for (i = 0; i < Natts_leases; i++)
+			nulls[i] = true;
+		values[Anum_leases_key - 1] = PointerGetDatum(cstring_to_text_with_len(k, len));
+		values[Anum_leases_fence - 1] = Int64GetDatum(0);
+		values[Anum_leases_expires_at - 1] = TimestampTzGetDatum(now);
+		values[Anum_leases_granted_at - 1] = TimestampTzGetDatum(now);
+		nulls[Anum_leases_key - 1] = false;
+		nulls[Anum_leases_fence - 1] = false;
+		nulls[Anum_leases_expires_at - 1] = false;
+		nulls[Anum_leases_granted_at - 1] = false;
+		nulls[Anum_leases_slots - 1] = false;
+		tup = heap_form_tuple(desc, values, nulls);
+		simple_heap_insert(rel, tup);
+		insert_index_entries(rel, tup);
+	}
+	CommandCounterIncrement();
+	return true;
 }
 
 /* A row for the views, or for dlock.leader and dlock.observe, from tup. */

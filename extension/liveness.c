@@ -52,6 +52,9 @@ dlock_lease_ended_at(const DlockLease *lease, Oid db)
 
 	if (!lease->found || lease->unknown)
 		return DT_NOEND;
+	/* the head of a key with slots: what they are is in the slots */
+	if (lease->nslots > 0)
+		return DT_NOEND;
 	if (!lease->held)
 		return lease->expires_at;
 	if (lease->session_id != 0 && !dlock_session_alive_in(db, lease->session_id))

@@ -87,7 +87,7 @@ typedef struct MemTag
 {
 	uint32		hashcode;
 	Oid			db;
-	char		key[DLOCK_MAX_KEY_BYTES + 1];
+	char		key[DLOCK_MAX_STORED_KEY_BYTES + 1];	/* a key, or a slot key */
 } MemTag;
 
 /* One key's lease and what the views show with it: a row of dlock.leases. */
@@ -304,7 +304,8 @@ dlock_memstore_init(void)
 static void
 make_tag(MemTag *tag, const char *key, int len)
 {
-	Assert(len <= DLOCK_MAX_KEY_BYTES);
+	if (len > DLOCK_MAX_STORED_KEY_BYTES)
+		elog(ERROR, "dlock: key of %d bytes in memory mode", len);
 	memset(tag, 0, sizeof(MemTag));
 	tag->db = MyDatabaseId;
 	memcpy(tag->key, key, len);

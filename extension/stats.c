@@ -58,7 +58,7 @@ PG_FUNCTION_INFO_V1(dlock_stats_reset);
 /* Where the counters live across a clean restart, and its format. */
 #define STATS_FILE		PGSTAT_STAT_PERMANENT_DIRECTORY "/dlock.stat"
 #define STATS_FILE_TMP	STATS_FILE ".tmp"
-static const uint32 STATS_FILE_HEADER = 0x444c0301;
+static const uint32 STATS_FILE_HEADER = 0x444c0701;	/* 0.7: longer keys */
 
 /* Share of the least active keys evicted when the table is full. */
 #define EVICT_FRACTION	0.05
@@ -70,7 +70,7 @@ typedef struct StatsKey
 {
 	Oid			dbid;
 	bool		total;			/* the totals entry of dbid (key empty) */
-	char		key[DLOCK_MAX_KEY_BYTES + 1];
+	char		key[DLOCK_MAX_STORED_KEY_BYTES + 1];	/* a slot key has its own */
 } StatsKey;
 
 typedef struct Counters
@@ -90,6 +90,13 @@ typedef struct Counters
 	int64		wait_total;
 	int64		wait_max;
 } Counters;
+
+/* A key's counters in the view: its own and its slots' (dlock_stats). */
+typedef struct KeyCounters
+{
+	char		key[DLOCK_MAX_KEY_BYTES + 1];	/* hash key */
+	Counters	c;
+} KeyCounters;
 
 typedef struct StatsEntry
 {
@@ -312,7 +319,7 @@ make_key(StatsKey *k, const char *key, int len, bool total)
 	k->dbid = MyDatabaseId;
 	k->total = total;
 	if (!total)
-		memcpy(k->key, key, Min(len, DLOCK_MAX_KEY_BYTES));
+		memcpy(k->key, key, Min(len, DLOCK_MAX_STORED_KEY_BYTES));
 }
 
 /*
@@ -628,7 +635,7 @@ load_stats(void)
 			fread(&usage, sizeof(double), 1, file) != 1 ||
 			fread(&ended, sizeof(int64), 1, file) != 1)
 			break;
-		k.key[DLOCK_MAX_KEY_BYTES] = '\0';
+		k.key[DLOCK_MAX_STORED_KEY_BYTES] = '\0';
 		if (!k.total && shared->nkeys >= dlock_stats_max)
 			continue;
 		e = hash_search(stats_htab, &k, HASH_ENTER_NULL, &found);
@@ -725,7 +732,14 @@ dlock_stats(PG_FUNCTION_ARGS)
 	if (!stats_ready())
 	{
 		foreach(lc, rows)
-			stats_row(rsinfo, ((DlockLeaseRow *) lfirst(lc))->key, NULL, false);
+		{
+			text	   *key = ((DlockLeaseRow *) lfirst(lc))->key;
+			int			len = VARSIZE_ANY_EXHDR(key);
+
+			/* a key's slots are shown as the key, whose row they have */
+			if (dlock_base_key_len(VARDATA_ANY(key), len) == len)
+				stats_row(rsinfo, key, NULL, false);
+		}
 		stats_row(rsinfo, NULL, NULL, false);
 		return (Datum) 0;
 	}
@@ -734,12 +748,27 @@ dlock_stats(PG_FUNCTION_ARGS)
 		HASH_SEQ_STATUS status;
 		StatsEntry *e;
 		Counters	totals = {0};
+		HTAB	   *bykey;
+		HASHCTL		ctl;
+		KeyCounters *kc;
 
+		/*
+		 * A key's permits and shared leases are counted under their slot
+		 * keys (an expiry is counted once per lease, by token, per entry);
+		 * the view shows their sum under the key.
+		 */
+		ctl.keysize = DLOCK_MAX_KEY_BYTES + 1;
+		ctl.entrysize = sizeof(KeyCounters);
+		ctl.hcxt = CurrentMemoryContext;
+		bykey = hash_create("dlock stats by key", 64, &ctl,
+							HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 		LWLockAcquire(shared->stats_lock, LW_SHARED);
 		hash_seq_init(&status, stats_htab);
 		while ((e = hash_seq_search(&status)) != NULL)
 		{
 			Counters	c;
+			char		base[DLOCK_MAX_KEY_BYTES + 1];
+			bool		found;
 
 			if (e->key.dbid != MyDatabaseId)
 				continue;
@@ -747,11 +776,25 @@ dlock_stats(PG_FUNCTION_ARGS)
 			c = e->c;
 			SpinLockRelease(&e->mutex);
 			if (e->key.total)
+			{
 				totals = c;
-			else if (!counters_zero(&c))
-				stats_row(rsinfo, cstring_to_text(e->key.key), &c, true);
+				continue;
+			}
+			strlcpy(base, e->key.key,
+					Min(dlock_base_key_len(e->key.key, strlen(e->key.key)),
+						DLOCK_MAX_KEY_BYTES) + 1);
+			kc = hash_search(bykey, base, HASH_ENTER, &found);
+			if (!found)
+				memset(&kc->c, 0, sizeof(Counters));
+			add_counters(&kc->c, &c);
 		}
 		LWLockRelease(shared->stats_lock);
+		hash_seq_init(&status, bykey);
+		while ((kc = hash_seq_search(&status)) != NULL)
+		{
+			if (!counters_zero(&kc->c))
+				stats_row(rsinfo, cstring_to_text(kc->key), &kc->c, true);
+		}
 		stats_row(rsinfo, NULL, &totals, true);
 	}
 	return (Datum) 0;

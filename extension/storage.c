@@ -49,6 +49,7 @@ typedef struct StorageMethods
 						  const DlockGrantOptions *opts, DlockLease *lease);
 	void		(*set_end) (text *key, TimestampTz end, bool release);
 	void		(*set_value) (text *key, text *value);
+	bool		(*set_slots) (text *key, int32 nslots);
 	DlockLeaseRow *(*read_row) (const char *key, int len);
 	List	   *(*scan) (void);
 	List	   *(*old_keys) (TimestampTz cutoff);
@@ -87,6 +88,7 @@ new_lease(DlockLease *lease, const char *key, int len, TimestampTz now,
 	lease->granted_at = now;
 	lease->lock_delay = opts->lock_delay;
 	lease->hold_limit = hold_limit;
+	lease->nslots = opts->nslots;
 	if (opts->session_bound)
 		lease->session_id = dlock_session_mark(key, len);
 }
@@ -170,6 +172,19 @@ table_set_value(text *key, text *value)
 	dlock_force_synchronous_commit();
 }
 
+static bool
+table_set_slots(text *key, int32 nslots)
+{
+	DlockTableChange c;
+	bool		written;
+
+	dlock_table_begin_change(&c);
+	written = dlock_table_put_slots(&c, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key),
+									nslots);
+	dlock_table_end_change(&c);
+	return written;
+}
+
 static DlockLeaseRow *
 table_read_row(const char *key, int len)
 {
@@ -204,6 +219,7 @@ static const StorageMethods table_methods = {
 	.grant = table_grant,
 	.set_end = table_set_end,
 	.set_value = table_set_value,
+	.set_slots = table_set_slots,
 	.read_row = table_read_row,
 	.scan = table_scan,
 	.old_keys = dlock_table_old_keys,
@@ -314,6 +330,30 @@ memory_set_value(text *key, text *value)
 	dlock_mem_write_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), value);
 }
 
+static bool
+memory_set_slots(text *key, int32 nslots)
+{
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	DlockLease	lease;
+
+	dlock_check_writable();
+	dlock_table_keep();			/* as in a grant */
+	dlock_mem_read(k, len, &lease);
+	if (!lease.found)
+	{
+		/* no lease, token 0: a key whose only leases are its slots' */
+		lease.found = true;
+		lease.held = false;
+		lease.fence = 0;
+		lease.granted_at = lease.expires_at = GetCurrentTimestamp();
+		lease.hold_limit = DT_NOEND;
+	}
+	lease.nslots = nslots;
+	dlock_mem_write(k, len, &lease, NULL);
+	return true;
+}
+
 static DlockLeaseRow *
 memory_read_row(const char *key, int len)
 {
@@ -378,6 +418,7 @@ static const StorageMethods memory_methods = {
 	.grant = memory_grant,
 	.set_end = memory_set_end,
 	.set_value = memory_set_value,
+	.set_slots = memory_set_slots,
 	.read_row = memory_read_row,
 	.scan = memory_scan,
 	.old_keys = memory_old_keys,
@@ -441,6 +482,18 @@ void
 dlock_storage_set_value(text *key, text *value)
 {
 	METHODS()->set_value(key, value);
+}
+
+/*
+ * Record that key has used nslots slot keys (its permits, its shared
+ * leases), creating its row, with no lease, when it has none.  The caller
+ * holds the key's new-slot lock.  Return false when the key is busy (a
+ * prune() deleting its row has not committed yet).
+ */
+bool
+dlock_storage_set_slots(text *key, int32 nslots)
+{
+	return METHODS()->set_slots(key, nslots);
 }
 
 /*

@@ -29,7 +29,8 @@ SELECT value, fence = :e1_fence AS same_epoch, expires_at = :'e1_expires' AS sam
 FROM dlock.leader('db-primary');
 
 -- observe: the current lease at once when after_fence is older ...
-SELECT fence = :e1_fence AS same_epoch, value, state, holder IS NOT NULL AS has_holder
+SELECT fence = :e1_fence AS same_epoch, value, state, holder IS NOT NULL AS has_holder,
+       since = (SELECT since FROM dlock.leader('db-primary')) AS since_is_the_grant
 FROM dlock.observe('db-primary', 0, '10 seconds');
 -- ... nothing new when it is the current one: no row once wait runs out
 SELECT count(*) AS changes FROM dlock.observe('db-primary', :e1_fence, '50 ms');
@@ -73,9 +74,10 @@ SELECT dlock.release('plain', :'p_owner');
 SELECT count(*) FROM dlock.try_acquire('plain', '1 hour');
 SELECT value IS NULL AS no_value FROM dlock.leader('plain');
 
--- A key without a lease: after_fence 0 waits; a known token reports 'none'.
-SELECT count(*) AS changes FROM dlock.observe('never', 0, '50 ms');
+-- A key without a lease: 'none' at once, until the caller says it knows.
+SELECT fence, holder, value, state, expires_at, since FROM dlock.observe('never', 0, '10 seconds');
 SELECT fence, holder, value, state, expires_at FROM dlock.observe('never', 5, '10 seconds');
+SELECT count(*) AS changes FROM dlock.observe('never', 0, '50 ms', NULL, true);
 SELECT count(*) AS changes FROM dlock.observe('never', 5, '50 ms', NULL, true);
 
 -- Bad input: clear errors with SQLSTATEs, nothing changed.
@@ -121,4 +123,4 @@ RESET ROLE;
 DROP ROLE election_user;
 
 DROP TABLE leader_log;
-SELECT dlock.forget(key) FROM dlock.leases WHERE key IN ('db-primary', 'plain');
+SELECT dlock.forget(k) FROM (VALUES ('db-primary'), ('plain')) AS v(k);

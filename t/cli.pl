@@ -237,7 +237,7 @@ while [ ! -e "$d/\$1.go" ] && [ \$i -lt 600 ]; do sleep 0.1; i=\$((i + 1)); done
 program_help_ok('dlock');
 program_version_ok('dlock');
 program_options_handling_ok('dlock');
-command_like([ 'dlock', '--version' ], qr/\Adlock \(dlock\) 0\.3\n?\z/,
+command_like([ 'dlock', '--version' ], qr/\Adlock \(dlock\) 0\.4\n?\z/,
 	'dlock --version');
 foreach my $cmd (qw(run acquire renew release status))
 {

@@ -54,6 +54,9 @@
 #    second run on the key exits 75, COMMAND's fenced write with
 #    $DLOCK_FENCE is accepted).
 #
+# f. observe() through the pooler wakes on a campaign made through another
+#    pooled connection; leader() and a permit's fenced write work there.
+#
 # Honesty: with the fence_guard triggers of b dropped, its counter and
 # token order checks fail (stale token column writes are accepted and
 # overwrite newer values); with default_pool_size = 6 the checks of c fail;
@@ -583,6 +586,37 @@ is($node->safe_psql('postgres', q{SELECT n || ' ' || fence FROM cli}),
 	"1 " . ($rfence // 'none'), 'e: COMMAND\'s fenced write under $DLOCK_FENCE was accepted');
 is($node->safe_psql('postgres', q{SELECT state FROM dlock.lease_status WHERE key = 'cli-run'}),
 	'released', 'e: and the lease was released');
+
+#
+# f. observe() and an election through the pooler: a long poll is one
+#    statement, so it works in transaction mode; it returns once a
+#    campaign made through another pooled connection commits, and a
+#    permit's token fences a write through the pooler.
+#
+{
+	my $obs = $bouncer->background_psql('postgres', on_error_stop => 0);
+	$obs->query_until(qr/watching/, q{
+		\echo watching
+		SELECT 'seen', value, state FROM dlock.observe('pb-el', 0, '30 s', NULL, true);
+	});
+	ok($node->poll_query_until('postgres', q{
+			SELECT count(*) = 1 FROM pg_stat_activity
+			WHERE query LIKE '%dlock.observe(''pb-el''%' AND wait_event_type = 'Extension'}),
+		'f: observe() through PgBouncer sleeps on the server');
+	my ($eo, $ef) = split /\|/, $bouncer->safe_psql('postgres', q{
+		SELECT owner, fence FROM dlock.campaign('pb-el', 'node-1', '1 minute')});
+	my $seen = $obs->query_safe(q{SELECT 'done'});
+	like($seen, qr/seen\|node-1\|held/, 'f: ... and returns the campaign through another pooled connection');
+	$obs->quit;
+	is($bouncer->safe_psql('postgres', q{SELECT value FROM dlock.leader('pb-el')}),
+		'node-1', 'f: leader() through PgBouncer');
+	my ($po, $pf) = split /\|/, $bouncer->safe_psql('postgres', q{
+		SELECT owner, fence FROM dlock.try_acquire('pb-sem', '1 minute', permits => 2)});
+	my ($out, $err) = via_bouncer("BEGIN; SELECT dlock.use_fence('pb-sem', $pf); COMMIT;");
+	is($err, '', "f: a permit's token fences a write through PgBouncer");
+	is($bouncer->safe_psql('postgres', qq{SELECT dlock.release('pb-sem', '$po')}),
+		't', 'f: ... and its owner releases it through PgBouncer');
+}
 
 ok($bh->pumpable, 'PgBouncer is still running');
 $node->stop;
