@@ -3266,6 +3266,8 @@ static long e_obs_vs_live = 0;	/* observations made while an acknowledged
 								 * lease was certainly live */
 static long e_overlap_pairs = 0;	/* rows after another client's, checked */
 static long e_txn_writes = 0;	/* accepted writes of two statements */
+static long e_horizon_pairs = 0;	/* consecutive grants across a crash in
+									 * memory mode, the first lease live */
 
 /*
  * Read the election's history; match each row with its write in the logs
@@ -3933,16 +3935,41 @@ el_check_final(PGconn *conn)
 	}
 }
 
-/* Leader changes: consecutive acknowledged grants (by token) to another client. */
+/*
+ * Leader changes: consecutive acknowledged grants of an election (by token)
+ * to another client.  And the horizon's case: consecutive grants A and B
+ * with a crash-restart in memory mode between them that began while A was
+ * certainly live (certain_end) and before B was invoked, B acknowledged
+ * after the server was back: the
+ * exclusion check then judged a grant made after the crash had dropped
+ * the lease it had to wait for.  (The line of the exclusion check counts
+ * only pairs whose B was invoked after the server was back; a campaign
+ * waits, so B is often invoked before the nemesis sees the server back.)
+ */
 static void
 el_count_changes(ChaosOp **grants, int ngrants)
 {
 	int			i;
 
 	for (i = 1; i < ngrants; i++)
-		if (grants[i]->key == grants[i - 1]->key &&
-			grants[i]->worker != grants[i - 1]->worker)
+	{
+		const ChaosOp *a = grants[i - 1];
+		const ChaosOp *b = grants[i];
+		int			c;
+
+		if (b->key != a->key)
+			continue;
+		if (b->worker != a->worker)
 			e_leader_changes++;
+		for (c = 0; c < ncrashes; c++)
+			if (crash_pre_memory[c] && crash_at[c][0] > a->t_done &&
+				crash_at[c][0] < b->t_inv && crash_at[c][1] < b->t_done &&
+				certain_end(a, crash_at[c][0], crash_at[c][0]) > crash_at[c][0])
+			{
+				e_horizon_pairs++;
+				break;
+			}
+	}
 }
 
 /*
@@ -4293,13 +4320,13 @@ check(void)
 			   f_by_via[0], f_by_via[1], f_by_via[2], f_by_via[3], f_mono,
 			   f_memory, f_horizon, f_accepted);
 	if (election)
-		printf("dlock-chaos: election: %d elections, %d campaigners, %d observers; epochs granted %d (to another client than the epoch before: %ld; after a lease that ran out: %ld), epochs with accepted writes %ld, accepted writes of two statements %ld; proclaims acknowledged %ld, refused %ld (after a pause past the lease's end: %ld, of which refused %ld), checked by the server's clock %ld; holders' refusals checked against a certainly live lease %ld; observations with a row %ld (leader() rows %ld), observe() timeouts %ld, leader() without a row %ld; newer epoch or value seen %ld times; observations checked against acknowledged grants and proclaims %ld, made while an acknowledged lease was certainly live %ld; writes checked for overlap with another client's %ld\n",
+		printf("dlock-chaos: election: %d elections, %d campaigners, %d observers; epochs granted %d (to another client than the epoch before: %ld; after a lease that ran out: %ld), epochs with accepted writes %ld, accepted writes of two statements %ld; proclaims acknowledged %ld, refused %ld (after a pause past the lease's end: %ld, of which refused %ld), checked by the server's clock %ld; holders' refusals checked against a certainly live lease %ld; observations with a row %ld (leader() rows %ld), observe() timeouts %ld, leader() without a row %ld; newer epoch or value seen %ld times; observations checked against acknowledged grants and proclaims %ld, made while an acknowledged lease was certainly live %ld; writes checked for overlap with another client's %ld; consecutive epochs with a crash-restart in memory mode between them, the first lease live at it: %ld\n",
 			   nkeys, ncampaigners, nobservers, ngrants, e_leader_changes, c_takeovers,
 			   e_epochs_written, e_txn_writes, e_proclaims, e_proclaims_refused,
 			   e_stale_proclaims, e_stale_proclaims_refused, e_proclaims_srv,
 			   e_refusals_checked, e_observations, e_leader_rows, e_obs_timeouts,
 			   e_leader_none, e_obs_changes, e_obs_vs_acked, e_obs_vs_live,
-			   e_overlap_pairs);
+			   e_overlap_pairs, e_horizon_pairs);
 	for (i = 0; i < (int) lengthof(vio_name); i++)
 		if (vio_kind[i] > 0)
 			printf("dlock-chaos: violations: %s: %ld\n", vio_name[i], vio_kind[i]);

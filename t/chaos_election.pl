@@ -41,8 +41,9 @@
 #    under it, and the election granted again at once).
 # 3. Memory mode (dlock preloaded, dlock.storage = memory,
 #    dlock.horizon_margin = 500ms), 25 s, a crash every 1.5-4.5 s: the same
-#    as 1, and grant pairs with a crash-restart between them while the first
-#    lease was live (the horizon's case).
+#    as 1, and consecutive epochs of an election with a crash-restart
+#    between them that began while the first lease was certainly live (the
+#    horizon's case).
 #
 # About 80 s on 2 shared cores.  DLOCK_CHAOS_SEED sets the seed of the
 # runs of 1 and 3 (default 42).
@@ -178,9 +179,13 @@ is($node->safe_psql('postgres', 'SHOW dlock.storage'), 'memory', 'memory mode');
 	note sprintf('memory mode run: %.1f s', time() - $t0);
 	check_clean_run("memory mode, seed $seed", $rc, $out, $err, $c);
 	check_election_run("memory mode, seed $seed", $out, $c);
-	my ($across) = $out =~ /a crash-restart between, the first live at the crash: (\d+);/;
+	# (The exclusion line's own count of such pairs takes only grants
+	# invoked after the nemesis saw the server back; a campaign waits, so
+	# it often began before.  The election line counts grants acknowledged
+	# after it.)
+	my ($across) = $out =~ /a crash-restart in memory mode between them, the first lease live at it: (\d+)/;
 	cmp_ok($across // 0, '>', 0,
-		"memory mode, seed $seed: grant pairs across a crash-restart, the first lease live at it");
+		"memory mode, seed $seed: consecutive epochs across a crash-restart, the first lease live at it");
 }
 $node->_update_pid(1);
 is($node->safe_psql('postgres', 'SHOW dlock.storage'), 'memory',
