@@ -43,6 +43,18 @@
  * --sabotage breaks one property for real (debug), so that the check must
  * report it: CI shows each check firing that way.
  *
+ * --workload election (issue 20) replaces the workers' loop: campaigners
+ * dlock.campaign for a few elections and, while leader, renew, proclaim an
+ * increasing value and write rows WHERE dlock.fenced(election, epoch) into
+ * a history that records the server's clock_timestamp(); observers follow
+ * every election with the long poll of dlock.observe, and dlock.leader.
+ * The same nemesis runs, and the same checks of grants, tokens, exclusion,
+ * expiry and durability apply, with the election's own on top: one client
+ * per epoch, epochs and writers never interleaved by the server's clock,
+ * no proclaim outside its lease, and what each observer saw never going
+ * backwards, never older than what was acknowledged, never a value nobody
+ * proclaimed in that epoch.
+ *
  * chaos/dlock-chaos.c
  *
  *-------------------------------------------------------------------------
@@ -78,6 +90,9 @@
 #define OP_WRITE	4
 #define OP_FORGE	5			/* the forger: a write or check under a
 								 * token no lease of the key can have */
+#define OP_PROCLAIM 6			/* election: dlock.proclaim */
+#define OP_OBSERVE	7			/* election: a dlock.observe call */
+#define OP_LEADER	8			/* election: a dlock.leader call */
 
 /* outcomes */
 #define OUT_OK		1			/* granted, renewed, released, committed */
@@ -112,6 +127,17 @@
 #define F_HORIZON		0x40000 /* a grant of a fresh key was refused just
 								 * before: the horizon held every key */
 
+/* the election workload's records */
+#define F_TXN			0x80000 /* write: a transaction of two statements */
+#define F_SABOTAGED		0x100000	/* made by a --sabotage */
+#define F_NOROW			0x200000	/* observe: wait ran out; leader: no row */
+#define F_NOFENCE		0x400000	/* observation: fence NULL */
+#define F_NOVALUE		0x800000	/* observation: value NULL */
+#define F_ST_HELD		0x1000000	/* observe's state: held (leader: always) */
+#define F_ST_RELEASED	0x2000000	/* released */
+#define F_ST_EXPIRED	0x4000000	/* expired */
+#define F_ST_NONE		0x8000000	/* none: no lease of the key */
+
 /* One operation of one worker; written to the worker's log as is. */
 typedef struct ChaosOp
 {
@@ -129,7 +155,9 @@ typedef struct ChaosOp
 								 * after the grant (in its statement);
 								 * release, before the release */
 	int64		fence;
-	int64		value;			/* write: counter value written */
+	int64		value;			/* write: counter value written (election:
+								 * the write's number in its term);
+								 * election value: its n */
 	int32		worker;
 	int32		op;				/* index of this record in the worker's log */
 	int32		key;
@@ -138,6 +166,13 @@ typedef struct ChaosOp
 	int16		outcome;
 	int32		flags;
 	char		sqlstate[8];
+	int64		srv_lo;			/* election, server's clock: proclaim,
+								 * clock_timestamp() before it;
+								 * observation, statement_timestamp() */
+	int32		vworker;		/* election value "w<vworker>:<vop>:<n>":
+								 * the campaigner, -1 if none, -2 if it
+								 * does not parse */
+	int32		vop;			/* its grant's record number */
 } ChaosOp;
 
 /* options */
@@ -161,6 +196,12 @@ static int	nemesis_ms = 300;
 static int	sabotage = 0;
 static bool forge = false;		/* --forge: run the forger */
 static bool switch_modes = false;	/* --switch-modes */
+static bool election = false;	/* --workload election */
+static int	nobservers = -1;	/* --observers (election), -1 until set */
+static int	ncampaigners;		/* the other workers (election) */
+static const char *kp = "k";	/* keys in messages: k<n>, or e<n> */
+static int64 el_floor = 0;		/* election: every lease from before the
+								 * run has a token up to this one */
 static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 
 /* --sabotage kinds (debug: each breaks a property the check must catch) */
@@ -173,6 +214,10 @@ static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 #define S_ASYNC			0x40	/* synchronous_commit = off, crash after acks */
 #define S_STEAL			0x80	/* dlock.forget a live lease, grant it again */
 #define S_FORGE_BYPASS	0x100	/* a forged write with fence_bypass */
+#define S_USURP			0x200	/* election: write under another's epoch */
+#define S_PROCLAIM_BACK 0x400	/* election: proclaim a lower value */
+#define S_STALE_PROCLAIM 0x800	/* election: an old epoch's value proclaimed
+								 * under a newer one */
 
 static const struct
 {
@@ -188,6 +233,9 @@ static const struct
 	{"async-commit", S_ASYNC},
 	{"steal", S_STEAL},
 	{"forge", S_FORGE_BYPASS},
+	{"usurp", S_USURP},
+	{"proclaim-back", S_PROCLAIM_BACK},
+	{"stale-proclaim", S_STALE_PROCLAIM},
 };
 
 /* state */
@@ -424,11 +472,24 @@ typedef struct Lease
 	char		owner[64];
 	int64		deadline;
 	bool		written;		/* a write was tried under it */
+	int			grant_op;		/* election: its grant's record number */
+	int64		n;				/* election: the last value proclaimed */
+	int			nwrites;		/* election: writes tried under it */
 } Lease;
 
 static FILE *oplog;
 static int	op_seq = 0;
 static int	my_worker;
+
+/*
+ * The lease key of key number k; with --workload election, of election
+ * number k.
+ */
+static void
+key_name(char *buf, size_t size, int k)
+{
+	snprintf(buf, size, election ? "dlock-chaos:e%d" : "dlock-chaos:k%d", k);
+}
 
 /* Start a record. */
 static void
@@ -462,7 +523,9 @@ op_end(ChaosOp *r, int outcome, const char *state)
 
 /*
  * Grant key (a random one if key < 0) with a random TTL.  Returns RC_OK
- * with *l filled, or another class.
+ * with *l filled, or another class.  With --workload election, campaign
+ * for election key instead (dlock.campaign, waiting 20-600 ms), with the
+ * value "w<worker>:<this record's number>:0".
  */
 static int
 do_grant(PGconn *conn, Lease *l, int key)
@@ -471,8 +534,9 @@ do_grant(PGconn *conn, Lease *l, int key)
 	char		keybuf[64],
 				ttlbuf[32],
 				waitbuf[32],
-				holder[32];
-	const char *params[4];
+				holder[32],
+				value[64];
+	const char *params[5];
 	PGresult   *res;
 	char		state[8];
 	int			rc;
@@ -481,12 +545,28 @@ do_grant(PGconn *conn, Lease *l, int key)
 	memset(l, 0, sizeof(*l));
 	l->key = key >= 0 ? key : (int) rnd_range(0, nkeys - 1);
 	l->ttl_ms = (int) rnd_range(100, 500);
-	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	key_name(keybuf, sizeof(keybuf), l->key);
 	snprintf(ttlbuf, sizeof(ttlbuf), "%d ms", l->ttl_ms);
-	snprintf(waitbuf, sizeof(waitbuf), "%d ms", (int) rnd_range(50, 300));
+	snprintf(waitbuf, sizeof(waitbuf), "%d ms",
+			 (int) (election ? rnd_range(20, 600) : rnd_range(50, 300)));
 	snprintf(holder, sizeof(holder), "w%d", my_worker);
 	op_begin(&r, OP_GRANT, l);
-	if (wait)
+	l->grant_op = r.op;
+	if (election)
+	{
+		r.flags |= F_WAIT;
+		r.vworker = my_worker;
+		r.vop = r.op;
+		snprintf(value, sizeof(value), "w%d:%d:0", my_worker, r.op);
+		params[0] = keybuf;
+		params[1] = value;
+		params[2] = ttlbuf;
+		params[3] = waitbuf;
+		params[4] = holder;
+		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM dlock.campaign($1, $2, $3::interval, wait => $4::interval, holder => $5)",
+				 5, params, &res, state, my_worker);
+	}
+	else if (wait)
 	{
 		r.flags |= F_WAIT;
 		params[0] = keybuf;
@@ -541,7 +621,7 @@ do_renew(PGconn *conn, Lease *l)
 	int			rc;
 	int64		newdl;
 
-	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	key_name(keybuf, sizeof(keybuf), l->key);
 	snprintf(ttlbuf, sizeof(ttlbuf), "%d ms", l->ttl_ms);
 	params[0] = keybuf;
 	params[1] = l->owner;
@@ -582,7 +662,7 @@ do_release(PGconn *conn, Lease *l)
 	char		state[8];
 	int			rc;
 
-	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	key_name(keybuf, sizeof(keybuf), l->key);
 	params[0] = keybuf;
 	params[1] = l->owner;
 	op_begin(&r, OP_RELEASE, l);
@@ -781,11 +861,221 @@ failed:
 	return write_failed(conn, &r, rc, state);
 }
 
+/* how do_el_write writes */
+#define EW_NORMAL	0			/* WHERE dlock.fenced, pauses, one in two
+								 * in a transaction */
+#define EW_FENCED	1			/* WHERE dlock.fenced, no pause, autocommit */
+#define EW_NOFENCE	2			/* --sabotage: no dlock.fenced, no pause,
+								 * autocommit */
+#define EW_USURP	3			/* --sabotage=usurp: fenced, a transaction
+								 * held open 400 ms */
+
+/*
+ * Proclaim value n, "w<worker>:<grant's record number>:<n>", as the leader
+ * of l's election (dlock.proclaim); the server's clock is read just before
+ * (the target list is evaluated in order).  Returns RC_OK (true), RC_BUSY
+ * (false: not the holder of a live lease) or another class.
+ */
+static int
+do_proclaim(PGconn *conn, Lease *l, int64 n, int flags)
+{
+	ChaosOp		r;
+	char		keybuf[64],
+				value[64];
+	const char *params[3];
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+
+	key_name(keybuf, sizeof(keybuf), l->key);
+	op_begin(&r, OP_PROCLAIM, l);
+	r.flags |= flags;
+	r.value = n;
+	r.vworker = my_worker;
+	r.vop = l->grant_op;
+	snprintf(value, sizeof(value), "w%d:%d:" INT64_FORMAT, my_worker, l->grant_op, n);
+	params[0] = keybuf;
+	params[1] = l->owner;
+	params[2] = value;
+	rc = run(conn, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, dlock.proclaim($1, $2::uuid, $3)",
+			 3, params, &res, state, my_worker);
+	/* whatever happened, the next value is larger */
+	l->n = Max(l->n, n);
+	if (rc == RC_OK)
+	{
+		r.srv_lo = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		if (strcmp(PQgetvalue(res, 0, 1), "t") == 0)
+			op_end(&r, OUT_OK, state);
+		else
+		{
+			op_end(&r, OUT_NONE, state);
+			rc = RC_BUSY;
+		}
+	}
+	else
+		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+	PQclear(res);
+	return rc;
+}
+
+/*
+ * A write of the election's history under l (election workload): a row
+ * (election, epoch, worker, op, seq) INSERTed WHERE dlock.fenced(key,
+ * epoch); its written_at, the server's clock_timestamp(), is taken after
+ * the token was checked.  Half of the writes are one statement in
+ * autocommit; the others a transaction that does some work and then sets
+ * done_at = clock_timestamp() before its COMMIT: [written_at, done_at] is
+ * a time the writer was inside the fence, which no other client's accepted
+ * write may overlap.  One in ten pauses past the lease's end before the
+ * INSERT (a stale write: it must be refused), one in ten inside a
+ * transaction, after the INSERT (the key's lock is then held through the
+ * expiry: the next grant must wait for the COMMIT).  --no-fence leaves
+ * dlock.fenced out.  Mode EW_FENCED is one fenced statement without a
+ * pause, EW_NOFENCE the same without dlock.fenced (--sabotage=expired,
+ * superseded); EW_USURP holds its transaction open until another client
+ * wrote a row of the same epoch, for up to 2 s, and sets *overlapped if
+ * one did.  Returns RC_OK (committed), RC_LF001 (refused), RC_LOST,
+ * RC_OTHER, or RC_BUSY if told to stop during the pause before.
+ */
+static int
+do_el_write(PGconn *conn, Lease *l, int mode, int flags, bool *overlapped)
+{
+	ChaosOp		r;
+	char		ebuf[32],
+				keybuf[64],
+				fbuf[32],
+				wbuf[16],
+				obuf[16],
+				sbuf[16];
+	const char *params[6];
+	PGresult   *res = NULL;
+	char		state[8];
+	int			rc;
+	int			pause = mode == EW_NORMAL ? (int) rnd_range(0, 9) : 2;
+	bool		txn = mode == EW_USURP || pause == 1 ||
+		(mode == EW_NORMAL && chance(0.5));
+	bool		fence = mode != EW_NOFENCE && !no_fence;
+
+	snprintf(ebuf, sizeof(ebuf), "e%d", l->key);
+	key_name(keybuf, sizeof(keybuf), l->key);
+	snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, l->fence);
+	if (pause == 0)
+	{
+		sleep_until(l->deadline + rnd_range(5, 150) * 1000);
+		/* told to stop in the middle: this is no longer a stale write */
+		if (stop_requested)
+			return RC_BUSY;
+	}
+	op_begin(&r, OP_WRITE, l);
+	r.flags |= flags;
+	if (pause == 0)
+		r.flags |= F_PAUSE_BEFORE;
+	if (txn)
+		r.flags |= F_TXN;
+	r.value = ++l->nwrites;
+	r.vworker = my_worker;
+	r.vop = l->grant_op;
+	snprintf(wbuf, sizeof(wbuf), "%d", my_worker);
+	snprintf(obuf, sizeof(obuf), "%d", r.op);
+	snprintf(sbuf, sizeof(sbuf), INT64_FORMAT, r.value);
+	params[0] = ebuf;
+	params[1] = fbuf;
+	params[2] = wbuf;
+	params[3] = obuf;
+	params[4] = sbuf;
+	params[5] = keybuf;
+
+	if (txn)
+	{
+		rc = run(conn, "BEGIN", 0, NULL, &res, state, my_worker);
+		if (rc != RC_OK)
+			goto failed;
+		PQclear(res);
+		res = NULL;
+	}
+	r.t_fence1 = r.t_ins = now_us();
+	if (fence)
+		rc = run(conn, "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) SELECT $1, $2::bigint, $3::int, $4::int, $5::int WHERE dlock.fenced($6, $2::bigint)",
+				 6, params, &res, state, my_worker);
+	else
+		rc = run(conn, "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) VALUES ($1, $2, $3, $4, $5)",
+				 5, params, &res, state, my_worker);
+	if (!txn)
+	{
+		/* one statement in autocommit: it committed, or may have */
+		r.t_commit = r.t_ins;
+		if (rc == RC_OK && strcmp(PQcmdTuples(res), "1") == 0)
+		{
+			op_end(&r, OUT_OK, state);
+			__sync_fetch_and_add(acked_writes, 1);
+		}
+		else if (rc == RC_OK)
+			op_end(&r, OUT_NONE, state);
+		else
+			op_end(&r, rc == RC_LOST ? OUT_INDET : rc == RC_LF001 ? OUT_REFUSED : OUT_UNEXPECTED, state);
+		PQclear(res);
+		if (rc == RC_OK && (sabotage & S_ASYNC))
+			sleep_until(now_us() + 20000);
+		return rc;
+	}
+	if (rc != RC_OK)
+		goto failed;
+	PQclear(res);
+	res = NULL;
+	if (mode == EW_USURP)
+	{
+		int64		give_up = now_us() + 2000000;
+
+		while (!stop_requested && now_us() < give_up && !*overlapped)
+		{
+			sleep_until(now_us() + 10000);
+			rc = run(conn, "SELECT count(*) FROM dlock_chaos_election WHERE election = $1 AND epoch = $2::bigint AND worker <> $3::int AND written_at > (SELECT written_at FROM dlock_chaos_election WHERE worker = $3::int AND op = $4::int)",
+					 4, params, &res, state, my_worker);
+			if (rc != RC_OK)
+				goto failed;
+			*overlapped = strcmp(PQgetvalue(res, 0, 0), "0") != 0;
+			PQclear(res);
+			res = NULL;
+		}
+	}
+	else if (pause == 1)
+	{
+		sleep_until(l->deadline + rnd_range(5, 150) * 1000);
+		if (!stop_requested)
+			r.flags |= F_PAUSE_INSIDE;
+	}
+	else
+		sleep_until(now_us() + rnd_range(0, l->ttl_ms * 100));
+	rc = run(conn, "UPDATE dlock_chaos_election SET done_at = clock_timestamp() WHERE worker = $1::int AND op = $2::int",
+			 2, params + 2, &res, state, my_worker);
+	if (rc != RC_OK)
+		goto failed;
+	PQclear(res);
+	r.t_commit = now_us();
+	rc = run(conn, "COMMIT", 0, NULL, &res, state, my_worker);
+	PQclear(res);
+	if (rc == RC_OK)
+	{
+		op_end(&r, OUT_OK, state);
+		__sync_fetch_and_add(acked_writes, 1);
+		if (sabotage & S_ASYNC)
+			sleep_until(now_us() + 20000);
+	}
+	else
+		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+	return rc;
+
+failed:
+	PQclear(res);
+	return write_failed(conn, &r, rc, state);
+}
+
 /*
  * --sabotage=expired and superseded: wait past the lease's expiry (for
  * superseded, grant the key again on this connection: a larger token,
  * acknowledged), then write under the old lease with the fencing trigger
- * bypassed.  Sets *done once such a write has committed.
+ * bypassed (election: without dlock.fenced, after a fenced write under the
+ * new epoch).  Sets *done once such a write has committed.
  */
 static int
 sabotage_write(PGconn *conn, Lease *l, bool *done)
@@ -803,13 +1093,26 @@ sabotage_write(PGconn *conn, Lease *l, bool *done)
 		if (rc != RC_OK)
 			return rc;
 		regranted = true;
+
+		/*
+		 * Election: a write under the new epoch first, so that the old
+		 * epoch's write comes after a newer one's by the server's clock.
+		 */
+		if (election)
+		{
+			rc = do_el_write(conn, &l2, EW_FENCED, F_SABOTAGED, NULL);
+			if (rc == RC_LOST)
+				return rc;
+		}
 	}
-	rc = do_write(conn, l, true);
+	rc = election ? do_el_write(conn, l, EW_NOFENCE, F_SABOTAGED, NULL) : do_write(conn, l, true);
 	if (rc == RC_OK)
 	{
 		*done = true;
-		printf("dlock-chaos: sabotage: worker %d wrote k%d with fence " INT64_FORMAT " (fence_bypass) after its lease expired%s\n",
-			   my_worker, l->key, l->fence, regranted ? " and the key was granted again" : "");
+		printf("dlock-chaos: sabotage: worker %d wrote %s%d with fence " INT64_FORMAT " (%s) after its lease expired%s\n",
+			   my_worker, election ? "e" : "k", l->key, l->fence,
+			   election ? "without dlock.fenced" : "fence_bypass",
+			   regranted ? " and the key was granted again" : "");
 	}
 	if (regranted && rc != RC_LOST)
 	{
@@ -840,7 +1143,7 @@ sabotage_steal(PGconn *conn, Lease *l, bool *done)
 	int			rc;
 	bool		forgotten;
 
-	snprintf(keybuf, sizeof(keybuf), "dlock-chaos:k%d", l->key);
+	key_name(keybuf, sizeof(keybuf), l->key);
 	params[0] = keybuf;
 	rc = run(conn, "SELECT dlock.forget($1)", 1, params, &res, state, my_worker);
 	forgotten = rc == RC_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
@@ -850,16 +1153,404 @@ sabotage_steal(PGconn *conn, Lease *l, bool *done)
 	/* the lease is certainly still live: the client-side bound is its end */
 	if (!forgotten || now_us() > l->deadline - 20000)
 		return RC_BUSY;
+
+	/*
+	 * Election: the leader proclaims under the lease it still believes it
+	 * holds; dlock.proclaim says false while the lease was certainly live.
+	 */
+	if (election)
+	{
+		rc = do_proclaim(conn, l, l->n + 1, F_SABOTAGED);
+		if (rc == RC_LOST || rc == RC_OTHER)
+			return rc;
+	}
 	rc = do_grant(conn, &l2, l->key);
 	if (rc != RC_OK)
 		return rc;
 	*done = true;
-	printf("dlock-chaos: sabotage: worker %d dropped its live lease of k%d (fence " INT64_FORMAT ") with dlock.forget and was granted k%d again (fence " INT64_FORMAT ")\n",
-		   my_worker, l->key, l->fence, l->key, l2.fence);
+	printf("dlock-chaos: sabotage: worker %d dropped its live lease of %s%d (fence " INT64_FORMAT ") with dlock.forget and was granted it again (fence " INT64_FORMAT ")\n",
+		   my_worker, election ? "e" : "k", l->key, l->fence, l2.fence);
 	return do_release(conn, &l2);
 }
 
-/* A worker process: loop on leases until told to stop. */
+/*
+ * Parse an election value "w<worker>:<op>:<n>" into *w, *op, *n; false if
+ * it is not one.
+ */
+static bool
+parse_value(const char *s, int32 *w, int32 *op, int64 *n)
+{
+	char	   *end;
+	long		a,
+				b;
+	long long	c;
+
+	if (s[0] != 'w')
+		return false;
+	errno = 0;
+	a = strtol(s + 1, &end, 10);
+	if (end == s + 1 || *end != ':' || errno != 0 || a < 0 || a > PG_INT32_MAX)
+		return false;
+	s = end + 1;
+	b = strtol(s, &end, 10);
+	if (end == s || *end != ':' || errno != 0 || b < 0 || b > PG_INT32_MAX)
+		return false;
+	s = end + 1;
+	c = strtoll(s, &end, 10);
+	if (end == s || *end != '\0' || errno != 0 || c < 0)
+		return false;
+	*w = (int32) a;
+	*op = (int32) b;
+	*n = (int64) c;
+	return true;
+}
+
+/*
+ * Keep the lease l for ms milliseconds, renewing it every third of its TTL.
+ * Returns RC_OK, or the class of a renewal that failed.
+ */
+static int
+hold_lease(PGconn *conn, Lease *l, int ms)
+{
+	int64		until = now_us() + (int64) ms * 1000;
+
+	while (!stop_requested && now_us() < until)
+	{
+		int			rc;
+
+		sleep_until(Min(until, now_us() + (int64) l->ttl_ms * 1000 / 3));
+		rc = do_renew(conn, l);
+		if (rc != RC_OK)
+			return rc;
+	}
+	return RC_OK;
+}
+
+/*
+ * --sabotage=proclaim-back: as the leader, proclaim n + 2 and keep the
+ * lease (renewing it) for a second, so that the observers see it; then
+ * proclaim n + 1, a value lower than the one before in the same epoch, and
+ * keep it a second more; then resign.  Sets *done once both proclaims were
+ * acknowledged.
+ */
+static int
+sabotage_proclaim_back(PGconn *conn, Lease *l, bool *done)
+{
+	int64		n = l->n;
+	int			rc;
+
+	rc = do_proclaim(conn, l, n + 2, F_SABOTAGED);
+	if (rc == RC_OK)
+		rc = hold_lease(conn, l, 1000);
+	if (rc == RC_OK)
+		rc = do_proclaim(conn, l, n + 1, F_SABOTAGED);
+	if (rc != RC_OK)
+		return rc;
+	*done = true;
+	printf("dlock-chaos: sabotage: worker %d proclaimed " INT64_FORMAT ", then " INT64_FORMAT ", in epoch " INT64_FORMAT " of e%d\n",
+		   my_worker, n + 2, n + 1, l->fence, l->key);
+	rc = hold_lease(conn, l, 1000);
+	if (rc != RC_OK)
+		return rc;
+	return do_release(conn, l);
+}
+
+/*
+ * --sabotage=stale-proclaim: wait past the lease's expiry, campaign again
+ * (a newer epoch, acknowledged), then proclaim the old lease's next value
+ * as if the old lease were still held: logged as the old lease's proclaim,
+ * but presented with the new lease's owner, so the server accepts it (as
+ * it would a stale leader's, if it did not check).  Keep the new lease a
+ * second (renewing it) so that the observers see the value, then resign.
+ * The check must report a proclaim outside its lease, and observers that
+ * saw an old epoch's value under the new one.  Sets *done once the
+ * proclaim was acknowledged.
+ */
+static int
+sabotage_stale_proclaim(PGconn *conn, Lease *l, bool *done)
+{
+	Lease		l2;
+	Lease		stale;
+	int			rc;
+
+	sleep_until(l->deadline + 30000);
+	if (stop_requested)
+		return RC_BUSY;
+	rc = do_grant(conn, &l2, l->key);
+	if (rc != RC_OK)
+		return rc;
+	stale = *l;
+	strlcpy(stale.owner, l2.owner, sizeof(stale.owner));
+	rc = do_proclaim(conn, &stale, l->n + 1, F_SABOTAGED);
+	if (rc == RC_OK)
+	{
+		*done = true;
+		printf("dlock-chaos: sabotage: worker %d proclaimed epoch " INT64_FORMAT "'s value " INT64_FORMAT " of e%d with the owner of epoch " INT64_FORMAT "\n",
+			   my_worker, l->fence, l->n + 1, l->key, l2.fence);
+		rc = hold_lease(conn, &l2, 1000);
+	}
+	if (rc == RC_LOST)
+		return rc;
+	return do_release(conn, &l2);
+}
+
+/*
+ * --sabotage=usurp: a campaigner that holds no lease reads dlock.leader of
+ * each election, every 10 ms for up to 2 s; in the first one led by
+ * another client granted less than 100 ms before, with 30 ms of its lease
+ * left, it writes a row under that leader's epoch WHERE
+ * dlock.fenced(election, epoch), logged as its own write, in a transaction
+ * held open until the leader wrote a row too (for up to 2 s).  Tokens are
+ * not secrets, so the server accepts it: the check must report a write
+ * under an epoch its client was not granted, and two clients' writes at
+ * overlapping moments.  Sets *done once such a write has committed with
+ * the leader's inside it (until then, the worker tries again between its
+ * terms).
+ */
+static int
+sabotage_usurp(PGconn *conn, bool *done)
+{
+	int64		give_up = now_us() + 2000000;
+	int			e = 0;
+
+	for (;; e = (e + 1) % nkeys)
+	{
+		char		keybuf[64];
+		const char *params[1] = {keybuf};
+		PGresult   *res;
+		char		state[8];
+		int			rc;
+		int32		vw,
+					vop;
+		int64		n,
+					left;
+		Lease		l;
+
+		if (stop_requested || now_us() > give_up)
+			return RC_BUSY;
+		if (e == 0)
+			sleep_until(now_us() + 10000);
+		key_name(keybuf, sizeof(keybuf), e);
+		rc = run(conn, "SELECT fence, value, ((extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp())) * 1000000)::bigint, clock_timestamp() - since < '100 ms' FROM dlock.leader($1)",
+				 1, params, &res, state, my_worker);
+		if (rc != RC_OK)
+		{
+			PQclear(res);
+			return rc;
+		}
+		if (PQntuples(res) != 1 || PQgetisnull(res, 0, 1) ||
+			!parse_value(PQgetvalue(res, 0, 1), &vw, &vop, &n) ||
+			vw == my_worker || strcmp(PQgetvalue(res, 0, 3), "t") != 0 ||
+			(left = strtoll(PQgetvalue(res, 0, 2), NULL, 10)) < 30000)
+		{
+			PQclear(res);
+			continue;
+		}
+		memset(&l, 0, sizeof(l));
+		l.key = e;
+		l.fence = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		l.deadline = now_us() + left;
+		l.grant_op = -1;
+		PQclear(res);
+		rc = do_el_write(conn, &l, EW_USURP, F_SABOTAGED, done);
+		if (rc == RC_OK)
+			printf("dlock-chaos: sabotage: worker %d wrote e%d under epoch " INT64_FORMAT ", worker %d's, %s\n",
+				   my_worker, e, l.fence, vw,
+				   *done ? "which wrote meanwhile" : "which did not write meanwhile: again later");
+		else
+			*done = false;
+		return rc;
+	}
+}
+
+/*
+ * One term of a campaigner (election workload) that was just granted *l:
+ * one to six rounds of some work, a renewal now and then, the next value
+ * proclaimed (seven rounds in ten) and a fenced write (eight in ten); one
+ * proclaim in ten comes after a pause past the lease's end (it must be
+ * refused).  The term ends at the first call that finds the lease lost;
+ * then the leader resigns (dlock.release) half of the time, or lets the
+ * lease run out.  Returns RC_LOST when the connection was lost.
+ */
+static int
+el_term(PGconn *conn, Lease *l)
+{
+	int			rounds = (int) rnd_range(1, 6);
+	int			rc = RC_OK;
+	bool		alive = true;
+	int			i;
+
+	for (i = 0; i < rounds && alive && !stop_requested; i++)
+	{
+		if (i > 0 && chance(0.4) && now_us() < l->deadline)
+		{
+			rc = do_renew(conn, l);
+			if (rc != RC_OK)
+				break;
+		}
+		/* some work */
+		sleep_until(now_us() + rnd_range(0, l->ttl_ms * 100));
+		if (chance(0.7))
+		{
+			int			flags = 0;
+
+			if (chance(0.1))
+			{
+				sleep_until(l->deadline + rnd_range(5, 150) * 1000);
+				if (stop_requested)
+					break;
+				flags = F_PAUSE_BEFORE;
+			}
+			rc = do_proclaim(conn, l, l->n + 1, flags);
+			if (rc != RC_OK)
+				break;
+		}
+		if (chance(0.8))
+		{
+			rc = do_el_write(conn, l, EW_NORMAL, 0, NULL);
+			if (rc != RC_OK)
+				alive = false;
+		}
+	}
+	if (rc != RC_OK)
+		return rc;
+	if (alive && !stop_requested && chance(0.5))
+		return do_release(conn, l);
+	return RC_OK;
+}
+
+/* What an observer knows of one election: the watch loop's state. */
+typedef struct Watch
+{
+	int64		fence;			/* the last fence seen, 0 at first */
+	bool		seen_end;		/* the last row's state was not 'held' */
+	bool		has_value;		/* the last row had a value */
+	char		value[64];
+} Watch;
+
+/*
+ * Fill an observation's record from the row of res: fence, value, state,
+ * expires_at, statement_timestamp() and clock_timestamp() after the call
+ * (the last three in us since the epoch).
+ */
+static void
+observation_row(ChaosOp *r, PGresult *res)
+{
+	const char *st = PQgetvalue(res, 0, 2);
+
+	if (PQgetisnull(res, 0, 0))
+		r->flags |= F_NOFENCE;
+	else
+		r->fence = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+	r->vworker = -1;
+	if (PQgetisnull(res, 0, 1))
+		r->flags |= F_NOVALUE;
+	else if (!parse_value(PQgetvalue(res, 0, 1), &r->vworker, &r->vop, &r->value))
+		r->vworker = -2;
+	r->flags |= strcmp(st, "held") == 0 ? F_ST_HELD :
+		strcmp(st, "released") == 0 ? F_ST_RELEASED :
+		strcmp(st, "expired") == 0 ? F_ST_EXPIRED : F_ST_NONE;
+	if (!PQgetisnull(res, 0, 3))
+		r->expires_srv = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+	r->srv_lo = strtoll(PQgetvalue(res, 0, 4), NULL, 10);
+	r->srv_at = strtoll(PQgetvalue(res, 0, 5), NULL, 10);
+}
+
+/*
+ * One turn of the watch loop of election e: dlock.observe(key, fence,
+ * wait, value, seen_end), waiting 50-800 ms; on a row, fence := its fence
+ * (if not NULL), value := its value, seen_end := its state is not 'held'.
+ * Returns the class of the call.
+ */
+static int
+do_observe(PGconn *conn, int e, Watch *wa)
+{
+	ChaosOp		r;
+	Lease		l;
+	char		keybuf[64],
+				fbuf[32],
+				waitbuf[32];
+	const char *params[5];
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+
+	memset(&l, 0, sizeof(l));
+	l.key = e;
+	l.fence = wa->fence;
+	key_name(keybuf, sizeof(keybuf), e);
+	snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, wa->fence);
+	snprintf(waitbuf, sizeof(waitbuf), "%d ms", (int) rnd_range(50, 800));
+	params[0] = keybuf;
+	params[1] = fbuf;
+	params[2] = waitbuf;
+	params[3] = wa->has_value ? wa->value : NULL;
+	params[4] = wa->seen_end ? "true" : "false";
+	op_begin(&r, OP_OBSERVE, &l);
+	r.fence = 0;
+	rc = run(conn, "SELECT o.fence, o.value, o.state, (extract(epoch FROM o.expires_at) * 1000000)::bigint, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM dlock.observe($1, $2::bigint, $3::interval, $4, $5::boolean) o",
+			 5, params, &res, state, my_worker);
+	if (rc == RC_OK && PQntuples(res) == 0)
+	{
+		r.flags |= F_NOROW;
+		op_end(&r, OUT_OK, state);
+	}
+	else if (rc == RC_OK)
+	{
+		observation_row(&r, res);
+		if (!PQgetisnull(res, 0, 0))
+			wa->fence = r.fence;
+		wa->has_value = !PQgetisnull(res, 0, 1);
+		if (wa->has_value)
+			strlcpy(wa->value, PQgetvalue(res, 0, 1), sizeof(wa->value));
+		wa->seen_end = strcmp(PQgetvalue(res, 0, 2), "held") != 0;
+		op_end(&r, OUT_OK, state);
+	}
+	else
+		op_end(&r, rc == RC_LOST ? OUT_FAILED : OUT_UNEXPECTED, state);
+	PQclear(res);
+	return rc;
+}
+
+/* Ask dlock.leader(e) and record what it said.  Returns the class. */
+static int
+do_leader(PGconn *conn, int e)
+{
+	ChaosOp		r;
+	Lease		l;
+	char		keybuf[64];
+	const char *params[1] = {keybuf};
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+
+	memset(&l, 0, sizeof(l));
+	l.key = e;
+	key_name(keybuf, sizeof(keybuf), e);
+	op_begin(&r, OP_LEADER, &l);
+	rc = run(conn, "SELECT l.fence, l.value, 'held', (extract(epoch FROM l.expires_at) * 1000000)::bigint, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM dlock.leader($1) l",
+			 1, params, &res, state, my_worker);
+	if (rc == RC_OK && PQntuples(res) == 0)
+	{
+		r.flags |= F_NOROW;
+		op_end(&r, OUT_OK, state);
+	}
+	else if (rc == RC_OK)
+	{
+		observation_row(&r, res);
+		op_end(&r, OUT_OK, state);
+	}
+	else
+		op_end(&r, rc == RC_LOST ? OUT_FAILED : OUT_UNEXPECTED, state);
+	PQclear(res);
+	return rc;
+}
+
+/*
+ * A worker process: loop on leases until told to stop.  With --workload
+ * election, workers 0 .. ncampaigners - 1 are campaigners, the others
+ * observers.
+ */
 static int
 worker_main(int w)
 {
@@ -870,6 +1561,11 @@ worker_main(int w)
 	int64		down_since = 0;
 	bool		sabotaged = false;
 	bool		stolen = false;
+	bool		usurped = false;
+	bool		proclaimed_back = false;
+	bool		stale_proclaimed = false;
+	static Watch watch[MAX_KEYS];
+	int			watched = w;
 
 	my_worker = w;
 	rng_state = seed * 1000003 + (uint64) w + 1;
@@ -913,6 +1609,35 @@ worker_main(int w)
 			down_since = 0;
 		}
 
+		/* an observer: one call per turn, the elections in turn */
+		if (election && w >= ncampaigners)
+		{
+			watched = (watched + 1) % nkeys;
+			if (chance(0.25))
+				rc = do_leader(conn, watched);
+			else
+				rc = do_observe(conn, watched, &watch[watched]);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+			}
+			continue;
+		}
+
+		/* --sabotage=usurp: once, by worker 0, after 0.5 s, between terms */
+		if (w == 0 && (sabotage & S_USURP) && !usurped &&
+			now_us() > start_us + 500000)
+		{
+			rc = sabotage_usurp(conn, &usurped);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+				continue;
+			}
+		}
+
 		rc = do_grant(conn, &l, -1);
 		if (rc != RC_OK)
 		{
@@ -944,6 +1669,26 @@ worker_main(int w)
 			now_us() > start_us + 500000)
 		{
 			rc = sabotage_write(conn, &l, &sabotaged);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+			}
+			continue;
+		}
+
+		if (election)
+		{
+			/* --sabotage=proclaim-back: once, by worker 0, after 0.5 s */
+			if (w == 0 && (sabotage & S_PROCLAIM_BACK) && !proclaimed_back &&
+				now_us() > start_us + 500000)
+				rc = sabotage_proclaim_back(conn, &l, &proclaimed_back);
+			/* --sabotage=stale-proclaim: the same */
+			else if (w == 0 && (sabotage & S_STALE_PROCLAIM) && !stale_proclaimed &&
+					 now_us() > start_us + 500000)
+				rc = sabotage_stale_proclaim(conn, &l, &stale_proclaimed);
+			else
+				rc = el_term(conn, &l);
 			if (rc == RC_LOST)
 			{
 				PQfinish(conn);
@@ -992,6 +1737,12 @@ worker_main(int w)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to write after its lease's expiry\n");
 	if (w == 0 && (sabotage & S_STEAL) && !stolen)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to steal a live lease\n");
+	if (w == 0 && (sabotage & S_USURP) && !usurped)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to write under another client's epoch\n");
+	if (w == 0 && (sabotage & S_PROCLAIM_BACK) && !proclaimed_back)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to proclaim a lower value\n");
+	if (w == 0 && (sabotage & S_STALE_PROCLAIM) && !stale_proclaimed)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to proclaim under a newer epoch\n");
 	if (fclose(oplog) != 0)
 	{
 		fprintf(stderr, "dlock-chaos: worker %d: cannot write its log: %m\n", w);
@@ -1785,7 +2536,48 @@ setup(void)
 		exit(2);
 	setup_exec(conn, "SET client_min_messages = warning");
 	setup_exec(conn, "CREATE EXTENSION IF NOT EXISTS dlock");
-	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter, dlock_chaos_forged, dlock_chaos_forged_mono");
+	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter, dlock_chaos_forged, dlock_chaos_forged_mono, dlock_chaos_election");
+
+	/*
+	 * The election workload's history: no fencing trigger, the writers'
+	 * own dlock.fenced(election, epoch) guards it.
+	 */
+	if (election)
+	{
+		int64		give_up = now_us() + 120 * INT64CONST(1000000);
+
+		setup_exec(conn, "CREATE TABLE dlock_chaos_election (id bigserial PRIMARY KEY, election text NOT NULL, epoch bigint NOT NULL, worker int NOT NULL, op int NOT NULL, seq int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp(), done_at timestamptz, UNIQUE (worker, op))");
+
+		/*
+		 * The token of a grant now is larger than that of every lease from
+		 * before the run, which the observers may still see (a previous
+		 * run's values mean nothing to this one's logs).  In memory mode
+		 * after a restart, no grant until the horizon: wait for it.
+		 */
+		for (;;)
+		{
+			PGresult   *res = PQexec(conn, "SELECT fence FROM dlock.try_acquire('dlock-chaos:floor', '1 ms')");
+
+			if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			{
+				fprintf(stderr, "dlock-chaos: setup failed: %s", PQerrorMessage(conn));
+				exit(2);
+			}
+			if (PQntuples(res) == 1)
+			{
+				el_floor = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+				PQclear(res);
+				break;
+			}
+			PQclear(res);
+			if (now_us() > give_up)
+			{
+				fprintf(stderr, "dlock-chaos: setup failed: no grant for 2 minutes\n");
+				exit(2);
+			}
+			sleep_until(now_us() + 200000);
+		}
+	}
 	setup_exec(conn, "CREATE TABLE dlock_chaos_counter (k text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL DEFAULT 0)");
 	setup_exec(conn, "CREATE TABLE dlock_chaos_history (id bigserial PRIMARY KEY, k text NOT NULL, value bigint NOT NULL, fence bigint NOT NULL, worker int NOT NULL, op int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())");
 	snprintf(sql, sizeof(sql),
@@ -1833,7 +2625,7 @@ static int64 *written_at[MAX_WORKERS];	/* per record: the row's written_at
 
 /* violation counts by kind, and how many were printed */
 static long violations = 0;
-static long vio_kind[16];
+static long vio_kind[32];
 static ChaosOp *flog;			/* the forger's records */
 static int	flog_n = 0;
 static bool *flog_in_db;		/* per record: its row exists */
@@ -1853,6 +2645,16 @@ static bool *flog_in_db;		/* per record: its row exists */
 #define V_STALE_SRV 12
 #define V_EXCLUSION 13
 #define V_FORGED	14
+#define V_EL_FOREIGN 15
+#define V_EL_ORDER	16
+#define V_EL_OVERLAP 17
+#define V_PROCLAIM	18
+#define V_LEASE_LOST 19
+#define V_OBS_BACK	20
+#define V_OBS_STALE 21
+#define V_OBS_PHANTOM 22
+#define V_OBS_DEAD	23
+#define V_EL_LOST	24
 
 static const char *const vio_name[] = {
 	"history gap", "lost update (duplicate value)", "fences out of order",
@@ -1862,7 +2664,17 @@ static const char *const vio_name[] = {
 	"unexpected error", "server log", "counter row wrong",
 	"write accepted after its lease expired (server clock)",
 	"key granted while an acknowledged lease of it was live (server clock)",
-	"forged token accepted"
+	"forged token accepted",
+	"write accepted under an epoch its client was not granted",
+	"epochs of accepted writes out of order (server clock)",
+	"two clients' writes accepted at overlapping moments (server clock)",
+	"proclaim accepted outside its lease",
+	"acknowledged lease lost (its holder refused while it was certainly live)",
+	"observer saw the election go backwards",
+	"observer saw less than was acknowledged",
+	"observer saw a value not proclaimed in that epoch",
+	"ended lease reported as the leader",
+	"acknowledged grant or proclaim lost (final state)"
 };
 
 /* Report one violation (printed for the first SHOW_MAX of its kind). */
@@ -2059,7 +2871,9 @@ sabotage_after_run(PGconn *conn)
 		params[0] = wbuf;
 		params[1] = obuf;
 		PQclear(PQexec(conn, "SET dlock.fence_bypass = on"));
-		res = PQexecParams(conn, "DELETE FROM dlock_chaos_history WHERE worker = $1 AND op = $2",
+		res = PQexecParams(conn, election ?
+						   "DELETE FROM dlock_chaos_election WHERE worker = $1 AND op = $2" :
+						   "DELETE FROM dlock_chaos_history WHERE worker = $1 AND op = $2",
 						   2, NULL, params, NULL, NULL, 0);
 		if (PQresultStatus(res) != PGRES_COMMAND_OK || strcmp(PQcmdTuples(res), "1") != 0)
 		{
@@ -2068,13 +2882,15 @@ sabotage_after_run(PGconn *conn)
 			return false;
 		}
 		PQclear(res);
-		printf("dlock-chaos: sabotage: deleted the history row of k%d value " INT64_FORMAT " (worker %d op %d, acknowledged)\n",
-			   last->key, last->value, last->worker, last->op);
+		printf("dlock-chaos: sabotage: deleted the history row of %s%d value " INT64_FORMAT " (worker %d op %d, acknowledged)\n",
+			   election ? "e" : "k", last->key, last->value, last->worker, last->op);
 	}
 	if (sabotage & S_FORGE)
 	{
 		PQclear(PQexec(conn, "SET dlock.fence_bypass = on"));
-		res = PQexec(conn, "INSERT INTO dlock_chaos_history (k, value, fence, worker, op) SELECT 'k0', coalesce(max(value), 0) + 1, coalesce(max(fence), 0), 0, 1000000000 FROM dlock_chaos_history WHERE k = 'k0'");
+		res = PQexec(conn, election ?
+					 "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) SELECT 'e0', coalesce(max(epoch), 0), 0, 1000000000, 1 FROM dlock_chaos_election WHERE election = 'e0'" :
+					 "INSERT INTO dlock_chaos_history (k, value, fence, worker, op) SELECT 'k0', coalesce(max(value), 0) + 1, coalesce(max(fence), 0), 0, 1000000000 FROM dlock_chaos_history WHERE k = 'k0'");
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
 		{
 			fprintf(stderr, "dlock-chaos: sabotage forge-history failed: %s", PQerrorMessage(conn));
@@ -2082,7 +2898,8 @@ sabotage_after_run(PGconn *conn)
 			return false;
 		}
 		PQclear(res);
-		printf("dlock-chaos: sabotage: inserted a history row of k0 that no worker wrote (worker 0 op 1000000000)\n");
+		printf("dlock-chaos: sabotage: inserted a history row of %s0 that no worker wrote (worker 0 op 1000000000)\n",
+			   election ? "e" : "k");
 	}
 	if (sabotage & S_SERVERLOG)
 	{
@@ -2228,8 +3045,8 @@ check_exclusion(ChaosOp **grants, int ngrants)
 				break;
 			}
 		if (b->srv_at < limit)
-			violation(V_EXCLUSION, "k%d granted with fence " INT64_FORMAT " (worker %d op %d, invoked at %.6f s) %.3f ms before the end of the lease with fence " INT64_FORMAT " (worker %d op %d, acknowledged at %.6f s, %s)",
-					  b->key, b->fence, b->worker, b->op, rel(b->t_inv),
+			violation(V_EXCLUSION, "%s%d granted with fence " INT64_FORMAT " (worker %d op %d, invoked at %.6f s) %.3f ms before the end of the lease with fence " INT64_FORMAT " (worker %d op %d, acknowledged at %.6f s, %s)",
+					  kp, b->key, b->fence, b->worker, b->op, rel(b->t_inv),
 					  (limit - b->srv_at) / 1000.0, a->fence, a->worker, a->op,
 					  rel(a->t_done),
 					  released_at < end ? "its release" : "its expires_at");
@@ -2363,58 +3180,819 @@ check_forged(PGconn *conn, ChaosOp **grants, int ngrants)
 }
 
 /*
- * Verify everything and print the counts.  Returns the number of
- * violations, or -1 if the check itself could not be done.
+ * The server's expiry of the lease of record i of worker w, as it stood
+ * before that record: the expires_at returned by the lease's last grant or
+ * renewal before it (the worker's log is in order; a renewal after the
+ * record cannot make it legal, and a renewal may move the expiry earlier,
+ * so the last one counts); 0 if none.  *unknown is set when a renewal of
+ * the lease before it had an unknown outcome.
  */
-static long
-check(void)
+static int64
+expiry_before(int w, int i, bool *unknown)
 {
-	PGconn	   *conn;
+	const ChaosOp *r = &wlog[w][i];
+	int64		limit = 0;
+	int			k;
+
+	for (k = i - 1; k >= 0; k--)
+	{
+		const ChaosOp *p = &wlog[w][k];
+
+		if (p->key != r->key || p->fence != r->fence)
+			continue;
+		if (p->type == OP_RENEW && p->outcome == OUT_OK)
+		{
+			if (limit == 0)
+				limit = p->expires_srv;
+		}
+		else if (p->type == OP_RENEW &&
+				 (p->outcome == OUT_INDET || p->outcome == OUT_UNEXPECTED))
+			*unknown = true;
+		else if (p->type == OP_GRANT && p->outcome == OUT_OK)
+		{
+			if (limit == 0)
+				limit = p->expires_srv;
+			break;
+		}
+	}
+	return limit;
+}
+
+/*
+ * The election workload's checks (--workload election).
+ */
+
+/* a row of the election's history */
+typedef struct ElRow
+{
+	int			e;
+	int			worker;
+	int			op;
+	int64		epoch;
+	int64		seq;
+	int64		at;				/* written_at, us since the epoch */
+	int64		end;			/* done_at, or written_at */
+	bool		matched;		/* it is a write of the logs */
+} ElRow;
+
+static ElRow *el_rows;			/* by election, written_at, epoch desc */
+static int	el_nrows = 0;
+
+/* per election: its acknowledged grants by completion, and the running max */
+static ChaosOp **el_bydone[MAX_KEYS];
+static ChaosOp **el_top[MAX_KEYS];	/* [j]: the largest token of [0..j] */
+static int	el_ngrants[MAX_KEYS];
+
+/* the election's figures */
+static long e_epochs_written = 0;	/* epochs with an accepted write */
+static long e_leader_changes = 0;	/* consecutive grants, other client */
+static long e_proclaims = 0;	/* proclaims acknowledged true */
+static long e_proclaims_refused = 0;	/* said false */
+static long e_stale_proclaims = 0;	/* paused past the lease's end */
+static long e_stale_proclaims_refused = 0;
+static long e_proclaims_srv = 0;	/* accepted ones checked by the
+									 * server's clock */
+static long e_refusals_checked = 0; /* holders' refusals checked against a
+									 * certainly live lease */
+static long e_observations = 0; /* calls that returned a row */
+static long e_obs_timeouts = 0; /* observe: wait ran out */
+static long e_leader_rows = 0;	/* dlock.leader: a row */
+static long e_leader_none = 0;	/* dlock.leader: no row */
+static long e_obs_changes = 0;	/* rows with a newer epoch or value than
+								 * the observer had seen */
+static long e_obs_vs_acked = 0; /* rows checked against acknowledged
+								 * grants and proclaims */
+static long e_obs_vs_live = 0;	/* observations made while an acknowledged
+								 * lease was certainly live */
+static long e_overlap_pairs = 0;	/* rows after another client's, checked */
+static long e_txn_writes = 0;	/* accepted writes of two statements */
+static long e_horizon_pairs = 0;	/* consecutive grants across a crash in
+									 * memory mode, the first lease live */
+
+/*
+ * Read the election's history; match each row with its write in the logs
+ * (in_db, written_at), a row that matches none, or a write that was
+ * refused or failed, being a violation.  Returns false if the table cannot
+ * be read.
+ */
+static bool
+check_election_history(PGconn *conn)
+{
 	PGresult   *res;
-	ChaosOp   **grants,
-			  **byinv,
-			  **bydone;
-	int64	   *released;
-	int64	   *minlater;
-	int			ngrants = 0,
-				nreleased = 0,
-				w,
-				i,
-				j;
-	long		c_renewals = 0,
-				c_releases = 0,
-				c_accepted = 0,
-				c_refused = 0,
-				c_stale = 0,
-				c_stale_refused = 0,
-				c_stale_cut = 0,
-				c_pauses = 0,
-				c_indet = 0,
-				c_takeovers = 0,
-				c_attempts = 0,
-				c_lostconn = 0,
-				c_srv_checked = 0,
-				c_srv_skipped = 0;
-	int64		maxfence;
+	int			i;
+
+	res = PQexec(conn, "SELECT substr(election, 2)::int, epoch, worker, op, seq, (extract(epoch FROM written_at) * 1000000)::bigint, (extract(epoch FROM coalesce(done_at, written_at)) * 1000000)::bigint FROM dlock_chaos_election ORDER BY 1, 6, 2 DESC, id");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "dlock-chaos: cannot read the election's history: %s", PQerrorMessage(conn));
+		return false;
+	}
+	el_nrows = PQntuples(res);
+	el_rows = pg_malloc0(sizeof(ElRow) * (el_nrows + 1));
+	for (i = 0; i < el_nrows; i++)
+	{
+		ElRow	   *row = &el_rows[i];
+		const ChaosOp *r = NULL;
+
+		row->e = atoi(PQgetvalue(res, i, 0));
+		row->epoch = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+		row->worker = atoi(PQgetvalue(res, i, 2));
+		row->op = atoi(PQgetvalue(res, i, 3));
+		row->seq = strtoll(PQgetvalue(res, i, 4), NULL, 10);
+		row->at = strtoll(PQgetvalue(res, i, 5), NULL, 10);
+		row->end = strtoll(PQgetvalue(res, i, 6), NULL, 10);
+		if (row->worker >= 0 && row->worker < nworkers &&
+			row->op >= 0 && row->op < wlog_n[row->worker])
+			r = &wlog[row->worker][row->op];
+		if (r == NULL || r->type != OP_WRITE || r->key != row->e ||
+			r->value != row->seq || r->fence != row->epoch)
+		{
+			violation(V_PHANTOM, "e%d epoch " INT64_FORMAT " seq " INT64_FORMAT " by worker %d op %d matches no write in the logs",
+					  row->e, row->epoch, row->seq, row->worker, row->op);
+			continue;
+		}
+		row->matched = true;
+		in_db[row->worker][row->op] = true;
+		written_at[row->worker][row->op] = row->at;
+		if (r->outcome != OUT_OK && r->outcome != OUT_INDET)
+			violation(V_PHANTOM, "e%d epoch " INT64_FORMAT " seq " INT64_FORMAT " by worker %d op %d was reported failed (%s) but is in the database",
+					  row->e, row->epoch, row->seq, row->worker, row->op, r->sqlstate);
+	}
+	PQclear(res);
+	return true;
+}
+
+/*
+ * Per election, its acknowledged grants in order of completion (bydone:
+ * every acknowledged grant, by completion), and for each prefix the one
+ * with the largest token: the latest epoch acknowledged by then.
+ */
+static void
+el_prepare(ChaosOp **bydone, int ngrants)
+{
+	int			i,
+				e;
+
+	for (e = 0; e < nkeys; e++)
+	{
+		el_bydone[e] = pg_malloc(sizeof(ChaosOp *) * (ngrants + 1));
+		el_top[e] = pg_malloc(sizeof(ChaosOp *) * (ngrants + 1));
+		el_ngrants[e] = 0;
+	}
+	for (i = 0; i < ngrants; i++)
+	{
+		ChaosOp    *g = bydone[i];
+		int			n;
+
+		if (g->key < 0 || g->key >= nkeys)
+			continue;
+		n = el_ngrants[g->key]++;
+		el_bydone[g->key][n] = g;
+		el_top[g->key][n] = (n > 0 && el_top[g->key][n - 1]->fence > g->fence) ?
+			el_top[g->key][n - 1] : g;
+	}
+}
+
+/*
+ * The acknowledged grant of election e with the largest token among those
+ * acknowledged before monotonic time t, or NULL.
+ */
+static const ChaosOp *
+latest_grant(int e, int64 t)
+{
+	int			lo = 0,
+				hi = el_ngrants[e] - 1;
+
+	/* the last j with t_done < t */
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+
+		if (el_bydone[e][mid]->t_done < t)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return hi >= 0 ? el_top[e][hi] : NULL;
+}
+
+/*
+ * The acknowledged grant of the lease of record i of worker w (the same
+ * election and token, earlier in its log), or NULL: a write under another
+ * client's epoch (--sabotage=usurp) has none.
+ */
+static const ChaosOp *
+lease_grant_of(int w, int i)
+{
+	const ChaosOp *r = &wlog[w][i];
+	int			k;
+
+	for (k = i - 1; k >= 0; k--)
+	{
+		const ChaosOp *p = &wlog[w][k];
+
+		if (p->type == OP_GRANT && p->outcome == OUT_OK &&
+			p->key == r->key && p->fence == r->fence)
+			return p;
+	}
+	return NULL;
+}
+
+/*
+ * Until when (monotonic) the lease granted by g is certainly live, judged
+ * for a call made from t_from to t_to: (the invocation of its grant, or of
+ * its last renewal acknowledged before t_from) + TTL - slack.  The server
+ * computed the expiry from its clock at a moment after that invocation,
+ * and the workers renew with the lease's own TTL.  0 if it may have ended
+ * otherwise before t_to: a release (resignation) tried before t_to, or a
+ * crash-restart begun in memory mode (which drops every lease) or into
+ * the other storage mode since the grant was invoked.  (A forget, which
+ * only --sabotage=steal does, is not allowed for: the checks must see it.)
+ */
+static int64
+certain_end(const ChaosOp *g, int64 t_from, int64 t_to)
+{
+	const ChaosOp *wl = wlog[g->worker];
+	int64		base = g->t_inv;
+	int			k,
+				c;
+
+	for (c = 0; c < ncrashes; c++)
+		if ((crash_pre_memory[c] || crash_switch[c]) &&
+			crash_at[c][0] > g->t_inv && crash_at[c][0] < t_to)
+			return 0;
+	for (k = g->op + 1; k < wlog_n[g->worker]; k++)
+	{
+		const ChaosOp *p = &wl[k];
+
+		if (p->t_inv >= t_to)
+			break;
+		if (p->key != g->key || p->fence != g->fence)
+			continue;
+		if (p->type == OP_RELEASE && p->outcome != OUT_NONE)
+			return 0;
+		if (p->type == OP_RENEW && p->outcome == OUT_OK && p->t_done < t_from)
+			base = Max(base, p->t_inv);
+	}
+	return base + (int64) g->ttl_ms * 1000 - SLACK_US;
+}
+
+/*
+ * The record that set an election value: the grant (n = 0) of record vop
+ * of campaigner vw, or that campaigner's proclaim of n under the same
+ * grant.  Returns it, or NULL with *why set when there is none, or when it
+ * was refused or belongs to another election or epoch (fence: the epoch the
+ * value was seen under, or -1 if none).
+ */
+static const ChaosOp *
+value_source(int e, int64 fence, int32 vw, int32 vop, int64 n, const char **why)
+{
+	const ChaosOp *g;
+	int			k;
+
+	if (vw < 0 || vw >= ncampaigners || vop < 0 || vop >= wlog_n[vw])
+	{
+		*why = vw == -2 ? "a value that is not one of ours" : "the campaign it names was never made";
+		return NULL;
+	}
+	g = &wlog[vw][vop];
+	if (g->type != OP_GRANT || g->key != e)
+	{
+		*why = "the campaign it names was never made";
+		return NULL;
+	}
+	if (g->outcome != OUT_OK && g->outcome != OUT_INDET)
+	{
+		*why = "the campaign it names was not granted";
+		return NULL;
+	}
+	/* an indeterminate grant's token is unknown: any epoch may be its */
+	if (fence >= 0 && g->outcome == OUT_OK && g->fence != fence)
+	{
+		*why = "it was proclaimed in another epoch";
+		return NULL;
+	}
+	if (n == 0)
+		return g;
+	for (k = vop + 1; k < wlog_n[vw]; k++)
+	{
+		const ChaosOp *p = &wlog[vw][k];
+
+		if (p->type == OP_GRANT && p->outcome != OUT_NONE)
+			break;
+		if (p->type != OP_PROCLAIM || p->vop != vop || p->value != n)
+			continue;
+		if (p->outcome != OUT_OK && p->outcome != OUT_INDET)
+		{
+			*why = "its proclaim was refused";
+			return NULL;
+		}
+		return p;
+	}
+	*why = "no proclaim of it was made";
+	return NULL;
+}
+
+/*
+ * The last proclaim acknowledged true under grant g before monotonic time
+ * t (PG_INT64_MAX: at all), or g itself (its value) if none.
+ */
+static const ChaosOp *
+last_acked_value(const ChaosOp *g, int64 t)
+{
+	const ChaosOp *last = g;
+	int			k;
+
+	for (k = g->op + 1; k < wlog_n[g->worker]; k++)
+	{
+		const ChaosOp *p = &wlog[g->worker][k];
+
+		if (p->type == OP_GRANT && p->outcome != OUT_NONE)
+			break;
+		if (p->type == OP_PROCLAIM && p->vop == g->op && p->outcome == OUT_OK &&
+			p->t_done < t && p->op > last->op)
+			last = p;
+	}
+	return last;
+}
+
+/* A record's name for messages: "worker W op I". */
+static const char *
+who(const ChaosOp *r)
+{
+	return psprintf("worker %d op %d", r->worker, r->op);
+}
+
+/*
+ * The election's history: every accepted write of an epoch comes from the
+ * client granted that epoch; by the server's clock, no accepted write of
+ * an epoch comes after one of a larger epoch (written_at: after the token
+ * was checked; a write of a newer epoch is checked after its grant, which
+ * comes after the COMMIT of every write of older ones, whose key lock it
+ * must wait for); and no two clients' writes overlap ([written_at,
+ * done_at], both inside the fence).  grants: the acknowledged grants by
+ * election and token.
+ */
+static void
+el_check_rows(ChaosOp **grants, int ngrants)
+{
+	int			i;
+	int			cur_e = -1;
+	int64		max_epoch = 0;
+	const ElRow *max_row = NULL;
+	const ElRow *best1 = NULL;	/* the latest-ending row so far */
+	const ElRow *best2 = NULL;	/* the same, of another client than best1 */
+	int64	   *epochs = pg_malloc(sizeof(int64) * (el_nrows + 1));
+
+	for (i = 0; i < el_nrows; i++)
+	{
+		const ElRow *row = &el_rows[i];
+		const ElRow *other;
+
+		if (row->e != cur_e)
+		{
+			cur_e = row->e;
+			max_epoch = 0;
+			max_row = NULL;
+			best1 = best2 = NULL;
+		}
+		epochs[i] = row->epoch;
+		if (row->matched)
+		{
+			ChaosOp		probe;
+			int			lo;
+
+			memset(&probe, 0, sizeof(probe));
+			probe.key = row->e;
+			probe.fence = row->epoch;
+			lo = first_grant_at(grants, ngrants, &probe);
+			if (lo >= ngrants || grants[lo]->key != row->e || grants[lo]->fence != row->epoch)
+				violation(V_EL_FOREIGN, "e%d epoch " INT64_FORMAT ": a write by worker %d (op %d) was accepted, but no client was acknowledged that epoch",
+						  row->e, row->epoch, row->worker, row->op);
+			else if (grants[lo]->worker != row->worker || grants[lo]->op > row->op)
+				violation(V_EL_FOREIGN, "e%d epoch " INT64_FORMAT ": a write by worker %d (op %d) was accepted, but the epoch was granted to worker %d (op %d)",
+						  row->e, row->epoch, row->worker, row->op,
+						  grants[lo]->worker, grants[lo]->op);
+			if (wlog[row->worker][row->op].flags & F_TXN)
+				e_txn_writes++;
+		}
+
+		/* epochs never go back along the server's clock */
+		if (max_row != NULL && row->epoch < max_epoch)
+			violation(V_EL_ORDER, "e%d: a write of epoch " INT64_FORMAT " (worker %d op %d) has written_at %.3f ms after that of a write of epoch " INT64_FORMAT " (worker %d op %d)",
+					  row->e, row->epoch, row->worker, row->op,
+					  (row->at - max_row->at) / 1000.0, max_epoch,
+					  max_row->worker, max_row->op);
+		if (max_row == NULL || row->epoch > max_epoch)
+		{
+			max_epoch = row->epoch;
+			max_row = row;
+		}
+
+		/* no overlap with an earlier-starting row of another client */
+		other = (best1 != NULL && best1->worker != row->worker) ? best1 : best2;
+		if (other != NULL)
+		{
+			e_overlap_pairs++;
+			if (other->end >= row->at)
+				violation(V_EL_OVERLAP, "e%d: worker %d's write (epoch " INT64_FORMAT ", op %d) was written %.3f ms before worker %d's (epoch " INT64_FORMAT ", op %d) ended (its done_at)",
+						  row->e, row->worker, row->epoch, row->op,
+						  (other->end - row->at) / 1000.0, other->worker,
+						  other->epoch, other->op);
+		}
+		if (best1 == NULL || row->end > best1->end)
+		{
+			if (best1 != NULL && best1->worker != row->worker)
+				best2 = best1;
+			best1 = row;
+		}
+		else if (row->worker != best1->worker && (best2 == NULL || row->end > best2->end))
+			best2 = row;
+	}
+
+	/* distinct epochs with an accepted write (tokens are unique) */
+	qsort(epochs, el_nrows, sizeof(int64), cmp_int64);
+	for (i = 0; i < el_nrows; i++)
+		if (i == 0 || epochs[i] != epochs[i - 1])
+			e_epochs_written++;
+	pg_free(epochs);
+}
+
+/*
+ * The campaigners' proclaims and refusals.  A proclaim acknowledged true
+ * must have been made inside its lease: sent before the lease's client-side
+ * expiry bound, read by the server's clock before the expires_at of the
+ * lease's last grant or renewal, and sent before any grant of a larger
+ * epoch of the election was acknowledged.  A refusal of the holder (a
+ * renewal that says NULL, a proclaim that says false, a fenced write
+ * refused with LF001, a resignation that says false) must not come while
+ * its lease was certainly live:
+ * that would be an acknowledged grant lost.  grants and minlater as in
+ * check().
+ */
+static void
+el_check_campaigners(ChaosOp **grants, int ngrants, const int64 *minlater)
+{
+	int			w,
+				i;
+
+	for (w = 0; w < ncampaigners; w++)
+		for (i = 0; i < wlog_n[w]; i++)
+		{
+			const ChaosOp *r = &wlog[w][i];
+			bool		refusal;
+
+			if (r->type == OP_PROCLAIM)
+			{
+				if (r->flags & F_PAUSE_BEFORE)
+				{
+					e_stale_proclaims++;
+					if (r->outcome == OUT_NONE)
+						e_stale_proclaims_refused++;
+				}
+				if (r->outcome == OUT_NONE)
+					e_proclaims_refused++;
+			}
+			if (r->type == OP_PROCLAIM && r->outcome == OUT_OK)
+			{
+				bool		unknown = false;
+				int64		limit = expiry_before(w, i, &unknown);
+				int			lo = first_grant_at(grants, ngrants, r);
+				int64		first_later = PG_INT64_MAX;
+
+				e_proclaims++;
+				if ((r->flags & F_PAUSE_BEFORE) || r->t_inv > r->deadline + SLACK_US)
+					violation(V_PROCLAIM, "e%d epoch " INT64_FORMAT " value " INT64_FORMAT " (%s%s): sent %.1f ms after the lease had expired, at the latest",
+							  r->key, r->fence, r->value, who(r),
+							  (r->flags & F_PAUSE_BEFORE) ? ", paused before" : "",
+							  (r->t_inv - r->deadline) / 1000.0);
+				if (!unknown && limit != 0)
+				{
+					e_proclaims_srv++;
+					if (r->srv_lo >= limit)
+						violation(V_PROCLAIM, "e%d epoch " INT64_FORMAT " value " INT64_FORMAT " (%s): the server's clock before it was %.3f ms after the lease's expires_at",
+								  r->key, r->fence, r->value, who(r),
+								  (r->srv_lo - limit) / 1000.0);
+				}
+				if (lo < ngrants && grants[lo]->key == r->key && grants[lo]->fence == r->fence)
+					first_later = minlater[lo];
+				else if (lo < ngrants && grants[lo]->key == r->key)
+					first_later = Min(grants[lo]->t_done, minlater[lo]);
+				if (first_later < r->t_inv)
+					violation(V_PROCLAIM, "e%d epoch " INT64_FORMAT " value " INT64_FORMAT " (%s): sent at %.6f s, after a grant of a larger epoch was acknowledged at %.6f s",
+							  r->key, r->fence, r->value, who(r), rel(r->t_inv), rel(first_later));
+			}
+
+			refusal = (r->type == OP_RENEW && r->outcome == OUT_NONE) ||
+				(r->type == OP_RELEASE && r->outcome == OUT_NONE) ||
+				(r->type == OP_PROCLAIM && r->outcome == OUT_NONE) ||
+				(r->type == OP_WRITE && r->outcome == OUT_REFUSED);
+			if (refusal)
+			{
+				const ChaosOp *g = lease_grant_of(w, i);
+				int64		until;
+
+				if (g == NULL)
+					continue;
+				until = certain_end(g, r->t_inv, r->t_done);
+				if (until == 0)
+					continue;
+				e_refusals_checked++;
+				if (r->t_done < until)
+					violation(V_LEASE_LOST, "e%d epoch " INT64_FORMAT " (%s): %s at %.6f s, while the lease was certainly live until %.6f s",
+							  r->key, r->fence, who(r),
+							  r->type == OP_RENEW ? "renew said NULL" :
+							  r->type == OP_RELEASE ? "resign said false" :
+							  r->type == OP_PROCLAIM ? "proclaim said false" :
+							  "the fenced write was refused",
+							  rel(r->t_done), rel(until));
+			}
+		}
+}
+
+/*
+ * What the observers saw, each election on its own, in each observer's
+ * order (one call at a time, so the order of its calls is real time):
+ *
+ * - never backwards: no epoch smaller than one it saw before, no value of
+ *   an epoch with a smaller n than one it saw before in that epoch;
+ * - only what was proclaimed: a value "w<c>:<op>:<n>" is the value of
+ *   campaign op of campaigner c (n = 0) or of its proclaim of n, granted
+ *   or acknowledged (or of unknown outcome), not refused, seen under that
+ *   campaign's epoch;
+ * - never less than was acknowledged before the call began: no epoch
+ *   smaller than the latest acknowledged one, no older value of that
+ *   epoch than its last acknowledged proclaim; and while that lease was
+ *   certainly live for the whole call, a live leader with that epoch (in
+ *   table mode, where lease rows are kept, some lease at all);
+ * - a lease reported live (observe's 'held', every row of dlock.leader)
+ *   has an expires_at after the statement began.
+ */
+static void
+el_check_observers(void)
+{
+	int			w,
+				i;
+	bool		table_only = !memory_mode && !switch_modes;
+	int64	   *prev_fence = pg_malloc(sizeof(int64) * nkeys);
+	int64	   *prev_n = pg_malloc(sizeof(int64) * nkeys);
+	const ChaosOp **prev_rec = pg_malloc(sizeof(ChaosOp *) * nkeys);
+
+	for (w = ncampaigners; w < nworkers; w++)
+	{
+		int			e;
+
+		for (e = 0; e < nkeys; e++)
+		{
+			prev_fence[e] = 0;
+			prev_n[e] = -1;
+			prev_rec[e] = NULL;
+		}
+		for (i = 0; i < wlog_n[w]; i++)
+		{
+			const ChaosOp *r = &wlog[w][i];
+			const ChaosOp *g,
+					   *src = NULL;
+			bool		has_fence = !(r->flags & F_NOFENCE);
+			bool		held = (r->flags & F_ST_HELD) != 0;
+			const char *what = r->type == OP_LEADER ? "leader()" : "observe()";
+			const char *why = NULL;
+			int64		live_until = 0;
+
+			if ((r->type != OP_OBSERVE && r->type != OP_LEADER) || r->outcome != OUT_OK)
+				continue;
+			e = r->key;
+			g = latest_grant(e, r->t_inv);
+			if (g != NULL)
+				live_until = certain_end(g, r->t_inv, r->t_done);
+			if (g != NULL && r->t_done < live_until)
+				e_obs_vs_live++;
+			else
+				live_until = 0;
+			if (r->flags & F_NOROW)
+			{
+				if (r->type == OP_OBSERVE)
+				{
+					e_obs_timeouts++;
+					continue;
+				}
+				e_leader_none++;
+				if (live_until != 0)
+					violation(V_OBS_STALE, "e%d: worker %d op %d, leader() at %.6f s: no leader, while epoch " INT64_FORMAT " (%s) was certainly live",
+							  e, w, i, rel(r->t_inv), g->fence, who(g));
+				continue;
+			}
+			e_observations++;
+			if (r->type == OP_LEADER)
+				e_leader_rows++;
+
+			/* a live lease that had ended before the statement began */
+			if (held && r->expires_srv != 0 && r->expires_srv <= r->srv_lo)
+				violation(V_OBS_DEAD, "e%d: worker %d op %d, %s: epoch " INT64_FORMAT " reported live, its expires_at %.3f ms before the statement began",
+						  e, w, i, what, r->fence, (r->srv_lo - r->expires_srv) / 1000.0);
+
+			/*
+			 * The value: whose, and proclaimed in this epoch (a lease from
+			 * before the run has a value that the logs cannot tell).
+			 */
+			if (!(r->flags & F_NOVALUE) && !(has_fence && r->fence <= el_floor))
+			{
+				src = value_source(e, has_fence ? r->fence : -1, r->vworker, r->vop, r->value, &why);
+				if (src == NULL)
+					violation(V_OBS_PHANTOM, "e%d: worker %d op %d, %s at %.6f s: epoch " INT64_FORMAT " value w%d:%d:" INT64_FORMAT ": %s",
+							  e, w, i, what, rel(r->t_inv), r->fence,
+							  r->vworker, r->vop, r->value, why);
+			}
+
+			/* never backwards, for this observer */
+			if (has_fence)
+			{
+				if (r->fence < prev_fence[e])
+					violation(V_OBS_BACK, "e%d: worker %d op %d, %s at %.6f s: epoch " INT64_FORMAT " after epoch " INT64_FORMAT " (op %d)",
+							  e, w, i, what, rel(r->t_inv), r->fence, prev_fence[e],
+							  prev_rec[e] ? prev_rec[e]->op : -1);
+				else if (r->fence == prev_fence[e] && src != NULL &&
+						 r->value < prev_n[e])
+					violation(V_OBS_BACK, "e%d: worker %d op %d, %s at %.6f s: epoch " INT64_FORMAT " value " INT64_FORMAT " after value " INT64_FORMAT " (op %d)",
+							  e, w, i, what, rel(r->t_inv), r->fence, r->value,
+							  prev_n[e], prev_rec[e] ? prev_rec[e]->op : -1);
+				if (r->fence > prev_fence[e] ||
+					(src != NULL && r->fence == prev_fence[e] && r->value > prev_n[e]))
+					e_obs_changes++;
+				if (r->fence > prev_fence[e])
+				{
+					prev_fence[e] = r->fence;
+					prev_n[e] = -1;
+				}
+				if (r->fence == prev_fence[e] && src != NULL)
+					prev_n[e] = Max(prev_n[e], r->value);
+				prev_rec[e] = r;
+			}
+
+			/* never less than was acknowledged before the call */
+			if (g == NULL)
+				continue;
+			e_obs_vs_acked++;
+			if (has_fence && r->fence < g->fence)
+				violation(V_OBS_STALE, "e%d: worker %d op %d, %s at %.6f s: epoch " INT64_FORMAT ", but epoch " INT64_FORMAT " had been acknowledged (%s) at %.6f s",
+						  e, w, i, what, rel(r->t_inv), r->fence, g->fence, who(g), rel(g->t_done));
+			else if (has_fence && r->fence == g->fence && src != NULL)
+			{
+				const ChaosOp *p = last_acked_value(g, r->t_inv);
+
+				if (src->op < p->op)
+					violation(V_OBS_STALE, "e%d: worker %d op %d, %s at %.6f s: epoch " INT64_FORMAT " value " INT64_FORMAT ", but value " INT64_FORMAT " had been acknowledged (%s) at %.6f s",
+							  e, w, i, what, rel(r->t_inv), r->fence, r->value,
+							  p->value, who(p), rel(p->t_done));
+			}
+			if (live_until != 0 && has_fence && r->fence > g->fence)
+				violation(V_EXCLUSION, "e%d: worker %d op %d, %s at %.6f s: epoch " INT64_FORMAT ", while epoch " INT64_FORMAT " (%s) was certainly live",
+						  e, w, i, what, rel(r->t_inv), r->fence, g->fence, who(g));
+			else if (live_until != 0 && !held)
+				violation(V_OBS_STALE, "e%d: worker %d op %d, %s at %.6f s: state %s, while epoch " INT64_FORMAT " (%s) was certainly live",
+						  e, w, i, what, rel(r->t_inv),
+						  (r->flags & F_ST_RELEASED) ? "released" :
+						  (r->flags & F_ST_EXPIRED) ? "expired" : "none",
+						  g->fence, who(g));
+			else if (table_only && !has_fence)
+				violation(V_OBS_STALE, "e%d: worker %d op %d, %s at %.6f s: no lease at all, but epoch " INT64_FORMAT " had been acknowledged (%s) and table mode keeps its row",
+						  e, w, i, what, rel(r->t_inv), g->fence, who(g));
+		}
+	}
+	pg_free(prev_fence);
+	pg_free(prev_n);
+	pg_free(prev_rec);
+}
+
+/*
+ * After the run, each election's state (dlock.observe from token 0, which
+ * answers at once): the latest acknowledged epoch and its last
+ * acknowledged proclaim must still be there, or something newer (an
+ * epoch granted with an unknown outcome).  In memory mode a crash drops
+ * the leases, and the pool forgets ended ones: no lease at all is then
+ * allowed.
+ */
+static void
+el_check_final(PGconn *conn)
+{
+	bool		table_only = !memory_mode && !switch_modes;
+	int			e;
+
+	for (e = 0; e < nkeys; e++)
+	{
+		char		keybuf[64];
+		const char *params[1] = {keybuf};
+		PGresult   *res;
+		const ChaosOp *g = latest_grant(e, PG_INT64_MAX);
+
+		if (g == NULL)
+			continue;
+		key_name(keybuf, sizeof(keybuf), e);
+		res = PQexecParams(conn, "SELECT fence, value FROM dlock.observe($1, 0, '1 s')",
+						   1, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			fprintf(stderr, "dlock-chaos: cannot observe e%d at the end: %s", e, PQerrorMessage(conn));
+			violation(V_EL_LOST, "e%d: its state cannot be read", e);
+		}
+		else if (PQntuples(res) == 0 || PQgetisnull(res, 0, 0))
+		{
+			if (table_only)
+				violation(V_EL_LOST, "e%d: no lease at the end, but epoch " INT64_FORMAT " was acknowledged (%s)",
+						  e, g->fence, who(g));
+		}
+		else
+		{
+			int64		fence = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+			int32		vw = -1,
+						vop = -1;
+			int64		n = -1;
+			const char *why = NULL;
+			const ChaosOp *src = NULL;
+
+			if (!PQgetisnull(res, 0, 1) &&
+				!parse_value(PQgetvalue(res, 0, 1), &vw, &vop, &n))
+				vw = -2;
+			if (vw != -1)
+				src = value_source(e, fence, vw, vop, n, &why);
+			if (fence < g->fence)
+				violation(V_EL_LOST, "e%d: epoch " INT64_FORMAT " at the end, but epoch " INT64_FORMAT " was acknowledged (%s)",
+						  e, fence, g->fence, who(g));
+			else if (fence == g->fence)
+			{
+				const ChaosOp *p = last_acked_value(g, PG_INT64_MAX);
+
+				if (src == NULL)
+					violation(V_OBS_PHANTOM, "e%d: epoch " INT64_FORMAT " at the end with value %s: %s",
+							  e, fence, PQgetisnull(res, 0, 1) ? "NULL" : PQgetvalue(res, 0, 1),
+							  why ? why : "none");
+				else if (src->op < p->op)
+					violation(V_EL_LOST, "e%d: epoch " INT64_FORMAT " at the end with value " INT64_FORMAT ", but value " INT64_FORMAT " was acknowledged (%s)",
+							  e, fence, n, p->value, who(p));
+			}
+		}
+		PQclear(res);
+	}
+}
+
+/*
+ * Leader changes: consecutive acknowledged grants of an election (by token)
+ * to another client.  And the horizon's case: consecutive grants A and B
+ * with a crash-restart in memory mode between them that began while A was
+ * certainly live (certain_end) and before B was invoked, B acknowledged
+ * after the server was back: the
+ * exclusion check then judged a grant made after the crash had dropped
+ * the lease it had to wait for.  (The line of the exclusion check counts
+ * only pairs whose B was invoked after the server was back; a campaign
+ * waits, so B is often invoked before the nemesis sees the server back.)
+ */
+static void
+el_count_changes(ChaosOp **grants, int ngrants)
+{
+	int			i;
+
+	for (i = 1; i < ngrants; i++)
+	{
+		const ChaosOp *a = grants[i - 1];
+		const ChaosOp *b = grants[i];
+		int			c;
+
+		if (b->key != a->key)
+			continue;
+		if (b->worker != a->worker)
+			e_leader_changes++;
+		for (c = 0; c < ncrashes; c++)
+			if (crash_pre_memory[c] && crash_at[c][0] > a->t_done &&
+				crash_at[c][0] < b->t_inv && crash_at[c][1] < b->t_done &&
+				certain_end(a, crash_at[c][0], crash_at[c][0]) > crash_at[c][0])
+			{
+				e_horizon_pairs++;
+				break;
+			}
+	}
+}
+
+/*
+ * The counter workload's database side: per key, the history's values are
+ * exactly 1..n with fences that never go down, each row is a write of the
+ * logs that was not refused (in_db, written_at), and the counters agree.
+ * Returns false if the tables cannot be read.
+ */
+static bool
+check_counter_history(PGconn *conn)
+{
+	PGresult   *res;
+	int			i;
 	int			prev_key = -1;
 	int64		expect = 0,
 				prev_fence = 0;
 	const ChaosOp *prev_rec = NULL;
 
-	/* the database's side: history and counters */
-	conn = connect_for_check();
-	if (conn == NULL)
-	{
-		fprintf(stderr, "dlock-chaos: cannot connect for the final check\n");
-		return -1;
-	}
-	if (sabotage && !sabotage_after_run(conn))
-		return -1;
 	res = PQexec(conn, "SELECT substr(k, 2)::int, value, fence, worker, op, (extract(epoch FROM written_at) * 1000000)::bigint FROM dlock_chaos_history ORDER BY 1, 2, id");
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		fprintf(stderr, "dlock-chaos: cannot read the history: %s", PQerrorMessage(conn));
-		return -1;
+		return false;
 	}
 	for (i = 0; i < PQntuples(res); i++)
 	{
@@ -2464,12 +4042,61 @@ check(void)
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		fprintf(stderr, "dlock-chaos: cannot read the counters: %s", PQerrorMessage(conn));
-		return -1;
+		return false;
 	}
 	for (i = 0; i < PQntuples(res); i++)
 		violation(V_COUNTER, "counter %s is %s, the history's highest value %s (with a different number of rows)",
 				  PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), PQgetvalue(res, i, 2));
 	PQclear(res);
+
+	return true;
+}
+
+/*
+ * Verify everything and print the counts.  Returns the number of
+ * violations, or -1 if the check itself could not be done.
+ */
+static long
+check(void)
+{
+	PGconn	   *conn;
+	ChaosOp   **grants,
+			  **byinv,
+			  **bydone;
+	int64	   *released;
+	int64	   *minlater;
+	int			ngrants = 0,
+				nreleased = 0,
+				w,
+				i,
+				j;
+	long		c_renewals = 0,
+				c_releases = 0,
+				c_accepted = 0,
+				c_refused = 0,
+				c_stale = 0,
+				c_stale_refused = 0,
+				c_stale_cut = 0,
+				c_pauses = 0,
+				c_indet = 0,
+				c_takeovers = 0,
+				c_attempts = 0,
+				c_lostconn = 0,
+				c_srv_checked = 0,
+				c_srv_skipped = 0;
+	int64		maxfence;
+
+	/* the database's side: history and counters */
+	conn = connect_for_check();
+	if (conn == NULL)
+	{
+		fprintf(stderr, "dlock-chaos: cannot connect for the final check\n");
+		return -1;
+	}
+	if (sabotage && !sabotage_after_run(conn))
+		return -1;
+	if (!(election ? check_election_history(conn) : check_counter_history(conn)))
+		return -1;
 
 	/* the logs' side */
 	for (w = 0; w < nworkers; w++)
@@ -2504,7 +4131,12 @@ check(void)
 				c_indet++;
 			if (r->outcome == OUT_UNEXPECTED)
 				violation(V_ERROR, "worker %d op %d (%s): SQLSTATE %s at %.3f s",
-						  w, i, r->type == OP_GRANT ? "grant" : r->type == OP_RENEW ? "renew" : r->type == OP_RELEASE ? "release" : "write",
+						  w, i, r->type == OP_GRANT ? (election ? "campaign" : "grant") :
+						  r->type == OP_RENEW ? "renew" :
+						  r->type == OP_RELEASE ? (election ? "resign" : "release") :
+						  r->type == OP_PROCLAIM ? "proclaim" :
+						  r->type == OP_OBSERVE ? "observe" :
+						  r->type == OP_LEADER ? "leader" : "write",
 						  r->sqlstate, rel(r->t_done));
 			if (r->outcome == OUT_FAILED || r->outcome == OUT_INDET)
 				c_lostconn++;
@@ -2547,9 +4179,9 @@ check(void)
 				j++;
 			}
 			if (maxrec != NULL && byinv[i]->fence <= maxfence)
-				violation(V_TOKEN_ORDER, "grant of k%d by worker %d invoked at %.6f s got fence " INT64_FORMAT ", but k%d had been granted fence " INT64_FORMAT " (worker %d, acknowledged at %.6f s)",
-						  byinv[i]->key, byinv[i]->worker, rel(byinv[i]->t_inv), byinv[i]->fence,
-						  maxrec->key, maxfence, maxrec->worker, rel(maxrec->t_done));
+				violation(V_TOKEN_ORDER, "grant of %s%d by worker %d invoked at %.6f s got fence " INT64_FORMAT ", but %s%d had been granted fence " INT64_FORMAT " (worker %d, acknowledged at %.6f s)",
+						  kp, byinv[i]->key, byinv[i]->worker, rel(byinv[i]->t_inv), byinv[i]->fence,
+						  kp, maxrec->key, maxfence, maxrec->worker, rel(maxrec->t_done));
 		}
 	}
 
@@ -2572,6 +4204,11 @@ check(void)
 	check_exclusion(grants, ngrants);
 	if (forge)
 		check_forged(conn, grants, ngrants);
+	if (election)
+	{
+		el_prepare(bydone, ngrants);
+		el_check_final(conn);
+	}
 	PQfinish(conn);
 
 	/* writes */
@@ -2604,14 +4241,14 @@ check(void)
 			if (r->outcome == OUT_REFUSED)
 				c_refused++;
 			if (r->outcome == OUT_OK && !accepted)
-				violation(V_LOST, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) was committed at %.3f s but is not in the database",
-						  r->key, r->value, r->fence, w, i, rel(r->t_done));
+				violation(V_LOST, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) was committed at %.3f s but is not in the database",
+						  kp, r->key, r->value, r->fence, w, i, rel(r->t_done));
 			if (!accepted)
 				continue;
 			c_accepted++;
 			if (r->t_ins > r->deadline + SLACK_US || stale)
-				violation(V_STALE, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d%s%s): written %.1f ms after the lease had expired, at the latest",
-						  r->key, r->value, r->fence, w, i,
+				violation(V_STALE, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d%s%s): written %.1f ms after the lease had expired, at the latest",
+						  kp, r->key, r->value, r->fence, w, i,
 						  (r->flags & F_PAUSE_BEFORE) ? ", paused before" : "",
 						  (r->flags & F_PAUSE_INSIDE) ? ", paused inside" : "",
 						  (Max(r->t_ins, r->t_upd) - r->deadline) / 1000.0);
@@ -2624,39 +4261,17 @@ check(void)
 			 * outcome is unknown.
 			 */
 			{
-				int64		limit = 0;
 				bool		unknown = false;
-				int			k;
+				int64		limit = expiry_before(w, i, &unknown);
 
-				for (k = i - 1; k >= 0; k--)
-				{
-					const ChaosOp *p = &wlog[w][k];
-
-					if (p->key != r->key || p->fence != r->fence)
-						continue;
-					if (p->type == OP_RENEW && p->outcome == OUT_OK)
-					{
-						if (limit == 0)
-							limit = p->expires_srv;
-					}
-					else if (p->type == OP_RENEW &&
-							 (p->outcome == OUT_INDET || p->outcome == OUT_UNEXPECTED))
-						unknown = true;
-					else if (p->type == OP_GRANT && p->outcome == OUT_OK)
-					{
-						if (limit == 0)
-							limit = p->expires_srv;
-						break;
-					}
-				}
 				if (unknown || limit == 0 || written_at[w][i] == 0)
 					c_srv_skipped++;
 				else
 				{
 					c_srv_checked++;
 					if (written_at[w][i] >= limit)
-						violation(V_STALE_SRV, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d): written_at is %.3f ms after the lease's expires_at",
-								  r->key, r->value, r->fence, w, i,
+						violation(V_STALE_SRV, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d): written_at is %.3f ms after the lease's expires_at",
+								  kp, r->key, r->value, r->fence, w, i,
 								  (written_at[w][i] - limit) / 1000.0);
 				}
 			}
@@ -2671,15 +4286,24 @@ check(void)
 				else if (lo < ngrants && grants[lo]->key == r->key)
 					first_later = Min(grants[lo]->t_done, minlater[lo]);
 				if (first_later < r->t_commit)
-					violation(V_NEWER, "k%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) committed (COMMIT sent at %.6f s) after a grant of a larger token was acknowledged at %.6f s",
-							  r->key, r->value, r->fence, w, i, rel(r->t_commit), rel(first_later));
+					violation(V_NEWER, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) committed (COMMIT sent at %.6f s) after a grant of a larger token was acknowledged at %.6f s",
+							  kp, r->key, r->value, r->fence, w, i, rel(r->t_commit), rel(first_later));
 			}
 		}
+
+	if (election)
+	{
+		el_count_changes(grants, ngrants);
+		el_check_rows(grants, ngrants);
+		el_check_campaigners(grants, ngrants, minlater);
+		el_check_observers();
+	}
 
 	check_server_log();
 
 	printf("dlock-chaos: ran %.1f s, %d workers, %d keys, seed " UINT64_FORMAT "%s\n",
-		   rel(now_us()), nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER" : "");
+		   rel(now_us()), nworkers, nkeys, seed,
+		   no_fence ? (election ? ", NO dlock.fenced IN THE WRITES" : ", NO FENCING TRIGGER") : "");
 	printf("dlock-chaos: write attempts %ld, refused (LF001) %ld, cut off by the nemesis %ld; stale writes cut off %ld; crash kinds: immediate stop %ld, postmaster SIGKILL %ld, backend SIGKILL %ld\n",
 		   c_attempts, c_refused, c_lostconn, c_stale_cut, n_crash_immediate, n_crash_pmkill, n_crash_backendkill);
 	printf("dlock-chaos: accepted writes checked against the server's expires_at: %ld (skipped, a renewal's outcome unknown: %ld)\n",
@@ -2695,14 +4319,28 @@ check(void)
 			   f_attempts, f_by_tok[0], f_by_tok[1], f_by_tok[2], f_by_tok[3],
 			   f_by_via[0], f_by_via[1], f_by_via[2], f_by_via[3], f_mono,
 			   f_memory, f_horizon, f_accepted);
+	if (election)
+		printf("dlock-chaos: election: %d elections, %d campaigners, %d observers; epochs granted %d (to another client than the epoch before: %ld; after a lease that ran out: %ld), epochs with accepted writes %ld, accepted writes of two statements %ld; proclaims acknowledged %ld, refused %ld (after a pause past the lease's end: %ld, of which refused %ld), checked by the server's clock %ld; holders' refusals checked against a certainly live lease %ld; observations with a row %ld (leader() rows %ld), observe() timeouts %ld, leader() without a row %ld; newer epoch or value seen %ld times; observations checked against acknowledged grants and proclaims %ld, made while an acknowledged lease was certainly live %ld; writes checked for overlap with another client's %ld; consecutive epochs with a crash-restart in memory mode between them, the first lease live at it: %ld\n",
+			   nkeys, ncampaigners, nobservers, ngrants, e_leader_changes, c_takeovers,
+			   e_epochs_written, e_txn_writes, e_proclaims, e_proclaims_refused,
+			   e_stale_proclaims, e_stale_proclaims_refused, e_proclaims_srv,
+			   e_refusals_checked, e_observations, e_leader_rows, e_obs_timeouts,
+			   e_leader_none, e_obs_changes, e_obs_vs_acked, e_obs_vs_live,
+			   e_overlap_pairs, e_horizon_pairs);
 	for (i = 0; i < (int) lengthof(vio_name); i++)
 		if (vio_kind[i] > 0)
 			printf("dlock-chaos: violations: %s: %ld\n", vio_name[i], vio_kind[i]);
-	printf("dlock-chaos: counts: grants=%d takeovers=%ld accepted_writes=%ld stale_writes=%ld stale_writes_refused=%ld renewals=%ld releases=%ld pauses=%ld sigstops=%ld backend_kills=%ld crash_restarts=%ld indeterminate=%ld forged=%ld forged_in_horizon=%ld mode_switches=%ld violations=%ld\n",
+	printf("dlock-chaos: counts: grants=%d takeovers=%ld accepted_writes=%ld stale_writes=%ld stale_writes_refused=%ld renewals=%ld releases=%ld pauses=%ld sigstops=%ld backend_kills=%ld crash_restarts=%ld indeterminate=%ld forged=%ld forged_in_horizon=%ld mode_switches=%ld",
 		   ngrants, c_takeovers, c_accepted, c_stale, c_stale_refused, c_renewals, c_releases,
 		   c_pauses, n_sigstops, n_terminates,
 		   n_crash_immediate + n_crash_pmkill + n_crash_backendkill + n_clean_restarts,
-		   c_indet, f_attempts, f_horizon, n_switches, violations);
+		   c_indet, f_attempts, f_horizon, n_switches);
+	if (election)
+		printf(" epochs_written=%ld leader_changes=%ld proclaims=%ld proclaims_refused=%ld stale_proclaims=%ld stale_proclaims_refused=%ld writes_refused=%ld observations=%ld observed_changes=%ld",
+			   e_epochs_written, e_leader_changes, e_proclaims, e_proclaims_refused,
+			   e_stale_proclaims, e_stale_proclaims_refused, c_refused,
+			   e_observations, e_obs_changes);
+	printf(" violations=%ld\n", violations);
 	fflush(stdout);
 	return violations;
 }
@@ -2813,12 +4451,21 @@ usage(void)
 		   "                      above all right after each crash-restart\n"
 		   "  --switch-modes      half of the crash-restarts (with --pgdata) come back\n"
 		   "                      in the other dlock.storage mode (needs dlock preloaded)\n"
+		   "  --workload=KIND     counter (default: leases, fenced read-modify-writes)\n"
+		   "                      or election (dlock.campaign, proclaim, fenced writes,\n"
+		   "                      observe and leader; --keys is then the number of\n"
+		   "                      elections)\n"
+		   "  --observers=N       election: how many of the workers observe (default\n"
+		   "                      a quarter, at least one); the others campaign\n"
 		   "  --no-fence          debug: leave the tables unprotected by fence_guard\n"
-		   "                      (the check must then report violations)\n"
+		   "                      (election: dlock.fenced out of the writes; the\n"
+		   "                      check must then report violations)\n"
 		   "  --sabotage=KIND,... debug: break one property for real, so that the\n"
 		   "                      check must report it (repeatable): setval,\n"
 		   "                      delete-history, forge-history, server-log,\n"
-		   "                      superseded, expired, async-commit, steal, forge\n"
+		   "                      superseded, expired, async-commit, steal, forge;\n"
+		   "                      election only: usurp, proclaim-back,\n"
+		   "                      stale-proclaim\n"
 		   "  -d, --dbname=DB     database name or connection string\n"
 		   "  -h, --host=HOST     server host or socket directory\n"
 		   "  -p, --port=PORT     server port\n"
@@ -2864,6 +4511,8 @@ main(int argc, char **argv)
 		{"sabotage", required_argument, NULL, 13},
 		{"forge", no_argument, NULL, 14},
 		{"switch-modes", no_argument, NULL, 15},
+		{"workload", required_argument, NULL, 16},
+		{"observers", required_argument, NULL, 17},
 		{"dbname", required_argument, NULL, 'd'},
 		{"host", required_argument, NULL, 'h'},
 		{"port", required_argument, NULL, 'p'},
@@ -2958,6 +4607,20 @@ main(int argc, char **argv)
 			case 15:
 				switch_modes = true;
 				break;
+			case 16:
+				if (strcmp(optarg, "election") == 0)
+					election = true;
+				else if (strcmp(optarg, "counter") == 0)
+					election = false;
+				else
+				{
+					fprintf(stderr, "dlock-chaos: unknown --workload \"%s\" (counter, election)\n", optarg);
+					exit(2);
+				}
+				break;
+			case 17:
+				nobservers = (int) int_arg("observers", optarg, 0, MAX_WORKERS);
+				break;
 			case 'd':
 				dbname = optarg;
 				break;
@@ -2996,6 +4659,34 @@ main(int argc, char **argv)
 		fprintf(stderr, "dlock-chaos: --switch-modes needs crash-restarts; --sabotage=forge needs --forge\n");
 		exit(2);
 	}
+	if (election && (forge || (sabotage & (S_SETVAL | S_FORGE_BYPASS))))
+	{
+		fprintf(stderr, "dlock-chaos: --workload election does not run the forger (--forge) nor --sabotage=setval, forge\n");
+		exit(2);
+	}
+	if (!election && (nobservers >= 0 ||
+					  (sabotage & (S_USURP | S_PROCLAIM_BACK | S_STALE_PROCLAIM))))
+	{
+		fprintf(stderr, "dlock-chaos: --observers and --sabotage=usurp, proclaim-back, stale-proclaim need --workload election\n");
+		exit(2);
+	}
+	if (election)
+	{
+		if (nobservers < 0)
+			nobservers = nworkers >= 2 ? Max(1, nworkers / 4) : 0;
+		if (nobservers >= nworkers)
+		{
+			fprintf(stderr, "dlock-chaos: --observers must leave a campaigner among the %d workers\n", nworkers);
+			exit(2);
+		}
+		ncampaigners = nworkers - nobservers;
+		kp = "e";
+	}
+	else
+	{
+		nobservers = 0;
+		ncampaigners = nworkers;
+	}
 	if (!seed_given)
 		seed = (uint64) time(NULL) ^ ((uint64) getpid() << 16);
 	rng_state = seed;
@@ -3019,9 +4710,15 @@ main(int argc, char **argv)
 	if (server_log != NULL && stat(server_log, &st) == 0)
 		server_log_start = (long) st.st_size;
 
-	printf("dlock-chaos: %d s, %d workers, %d keys, seed " UINT64_FORMAT "%s%s\n",
-		   duration_s, nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER (debug)" : "",
-		   sabotage ? ", SABOTAGED (debug)" : "");
+	if (election)
+		printf("dlock-chaos: %d s, election workload: %d campaigners, %d observers, %d elections, seed " UINT64_FORMAT "%s%s\n",
+			   duration_s, ncampaigners, nobservers, nkeys, seed,
+			   no_fence ? ", NO dlock.fenced IN THE WRITES (debug)" : "",
+			   sabotage ? ", SABOTAGED (debug)" : "");
+	else
+		printf("dlock-chaos: %d s, %d workers, %d keys, seed " UINT64_FORMAT "%s%s\n",
+			   duration_s, nworkers, nkeys, seed, no_fence ? ", NO FENCING TRIGGER (debug)" : "",
+			   sabotage ? ", SABOTAGED (debug)" : "");
 	if (pgdata == NULL)
 		printf("dlock-chaos: crash-restarts are off (they need --pgdata, --pg-ctl and --server-log)\n");
 	setup();

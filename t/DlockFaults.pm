@@ -119,12 +119,14 @@ sub check_clean_run
 }
 
 # The checker is not vacuous: without the fencing trigger the same
-# workload (6 s, seed 7) must be caught, with writes accepted after their
-# lease expired and lost updates or writes under a superseded lease.
-# 4 assertions, named "$label: ...".
+# workload (6 s, seed 7; @extra options added, e.g. the election
+# workload's, whose writes then go without dlock.fenced) must be caught,
+# with writes accepted after their lease expired and lost updates or
+# writes under a superseded lease.  4 assertions, named "$label: ...";
+# returns the run's stdout.
 sub check_no_fence_run
 {
-	my ($prog, $node, $label) = @_;
+	my ($prog, $node, $label, @extra) = @_;
 	local $Test::Builder::Level = $Test::Builder::Level + 1;
 	my ($rc, $out, $err, $c) = run_chaos(
 		$prog, $node,
@@ -132,7 +134,8 @@ sub check_no_fence_run
 		'--workers' => 8,
 		'--keys' => 2,
 		'--seed' => 7,
-		'--no-fence');
+		'--no-fence',
+		@extra);
 	is($rc, 1, "$label: dlock-chaos exits 1");
 	cmp_ok($c->{violations} // 0, '>', 0, "$label: violations reported");
 	like($out, qr/violations: write accepted after its lease expired: [1-9]/,
@@ -141,7 +144,7 @@ sub check_no_fence_run
 		$out,
 		qr/violations: (lost update \(duplicate value\)|write accepted under a superseded lease): [1-9]/,
 		"$label: lost updates or writes under a superseded lease reported");
-	return;
+	return $out;
 }
 
 # A check fires when its property is really broken: a run with
