@@ -40,7 +40,8 @@ ISOLATION = acquire_race stale_owner repeatable_read \
 	fence_takeover fence_stale_write fence_isolation fence_two_keys \
 	fence_savepoint renew_shortening no_wait_for_strangers \
 	renew_in_flight lock_delay session_bound_release \
-	election_observe election_fence permits_fence shared_exclusive
+	election_observe election_fence permits_fence shared_exclusive \
+	permits_renewal
 ISOLATION_OPTS = --load-extension=dlock
 TAP_TESTS = 1
 

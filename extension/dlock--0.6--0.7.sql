@@ -29,6 +29,21 @@ GRANT SELECT (value, slots) ON dlock.leases TO PUBLIC;
 -- after the existing ones).  Dropped and created again: a second function
 -- with defaults would make calls ambiguous.
 --
+-- Their privileges (a REVOKE from PUBLIC, a GRANT to a role, made since
+-- the install) are kept across the update: saved here, applied again below.
+SELECT pg_catalog.set_config('dlock_update.' || s.name, coalesce(s.acl, ''), true)
+FROM (SELECT 'try_acquire', p.proacl::pg_catalog.text FROM pg_catalog.pg_proc p
+	  WHERE p.oid = 'dlock.try_acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool)'::pg_catalog.regprocedure
+	  UNION ALL
+	  SELECT 'acquire', p.proacl::pg_catalog.text FROM pg_catalog.pg_proc p
+	  WHERE p.oid = 'dlock.acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool)'::pg_catalog.regprocedure
+	  UNION ALL
+	  SELECT 'lease_status_fn', p.proacl::pg_catalog.text FROM pg_catalog.pg_proc p
+	  WHERE p.oid = 'dlock.lease_status()'::pg_catalog.regprocedure
+	  UNION ALL
+	  SELECT 'lease_status', c.relacl::pg_catalog.text FROM pg_catalog.pg_class c
+	  WHERE c.oid = 'dlock.lease_status'::pg_catalog.regclass) AS s(name, acl);
+
 DROP FUNCTION dlock.try_acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool);
 DROP FUNCTION dlock.acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool);
 
@@ -142,6 +157,34 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
 
 COMMENT ON FUNCTION dlock.observe(pg_catalog.text, pg_catalog.int8, pg_catalog.interval, pg_catalog.text, pg_catalog.bool) IS
 'wait up to wait for key to change after token after_fence (a new lease, its end, a new value); one row, or none at the deadline';
+
+-- The privileges saved above, on the objects created again (none saved:
+-- the defaults they were created with stand).
+DO $$
+DECLARE
+	o record;
+	a record;
+BEGIN
+	FOR o IN SELECT * FROM (VALUES
+		('try_acquire', 'FUNCTION', 'dlock.try_acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool, pg_catalog.int4, pg_catalog.text)'),
+		('acquire', 'FUNCTION', 'dlock.acquire(pg_catalog.text, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.bool, pg_catalog.int4, pg_catalog.text)'),
+		('lease_status_fn', 'FUNCTION', 'dlock.lease_status()'),
+		('lease_status', 'TABLE', 'dlock.lease_status')) AS v(name, kind, obj)
+	LOOP
+		CONTINUE WHEN pg_catalog.current_setting('dlock_update.' || o.name) = '';
+		EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM PUBLIC', o.kind, o.obj);
+		FOR a IN SELECT * FROM pg_catalog.aclexplode(
+				pg_catalog.current_setting('dlock_update.' || o.name)::pg_catalog.aclitem[])
+		LOOP
+			EXECUTE pg_catalog.format('GRANT %s ON %s %s TO %s%s', a.privilege_type,
+				o.kind, o.obj,
+				CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+					 ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END,
+				CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+		END LOOP;
+	END LOOP;
+END
+$$;
 
 -- Who waits for which key, and for what kind of lease (preloaded only).
 CREATE FUNCTION dlock.waiters(

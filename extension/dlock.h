@@ -451,6 +451,8 @@ extern void dlock_unlock_write(const char *key, int len);
 extern bool dlock_lock_for_slot_grant(const char *key, int len);
 extern void dlock_unlock_slot_grant(const char *key, int len);
 extern bool dlock_lock_for_new_slot(const char *key, int len);
+extern bool dlock_lock_for_look(const char *key, int len);
+extern void dlock_unlock_look(const char *key, int len);
 extern void dlock_lock_for_owner_op(const char *key, int len);
 extern void dlock_lock_for_ending(const char *key, int len);
 extern void dlock_unlock_owner_op(const char *key, int len, bool ending);

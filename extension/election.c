@@ -18,10 +18,10 @@
  * every transaction that changed the lease (grant, renew, release,
  * proclaim) wakes it after it commits, and it sets its own alarm for the
  * lease's expiry.  It never enters the acquirers' queue, so it delays no
- * grant.  An expiry it reports is confirmed under the key's grant lock,
- * taken without waiting and given back at once, as a grant confirms it: a
+ * grant.  An expiry it reports is confirmed under a lock that only owner
+ * ops conflict with, taken without waiting and given back at once: a
  * renewal that was checked in time but has not committed yet keeps the
- * lease live.
+ * lease live, and no grant or writer waits for an observer.
  *
  * Owns: nothing of its own.  Calls lease.c (the acquire and the owner
  * check), stats.c and events.c (noticed expiries, proclaims), storage.c,
@@ -210,9 +210,10 @@ no_head(DlockLeaseRow *row)
 
 /*
  * Look at key for observe(): judge its lease (*row, NULL when none), and
- * confirm an expiry under the key's grant lock, as a grant does: a renewal
- * checked in time may still be committing.  Only with the lock free at
- * once (SIGHT_BUSY otherwise); it is given back at once.
+ * confirm an expiry under a lock that excludes owner ops only (not grants,
+ * nor writers): a renewal checked in time may still be committing.  Only
+ * with the lock free at once (SIGHT_BUSY otherwise); it is given back at
+ * once.
  */
 static Sight
 observe_look(const char *k, int len, int64 after_fence, bool seen_end,
@@ -229,7 +230,7 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 		return sight;
 	if (RecoveryInProgress())
 		return SIGHT_REPORT;	/* no lock to take; nothing commits here */
-	if (!dlock_lock_for_grant(k, len))
+	if (!dlock_lock_for_look(k, len))
 		return SIGHT_BUSY;
 	*row = no_head(dlock_storage_read_row(k, len));
 	now = GetCurrentTimestamp();
@@ -240,7 +241,7 @@ observe_look(const char *k, int len, int64 after_fence, bool seen_end,
 						 dlock_lease_state(&(*row)->lease, now), now);
 		sight = SIGHT_REPORT;
 	}
-	dlock_unlock_grant(k, len);
+	dlock_unlock_look(k, len);
 	return sight;
 }
 

@@ -403,6 +403,29 @@ dlock_fence_write(const char *key, bool has_token, int64 token,
 		return token;
 
 	v = judge_unlocked(key, has_token, token, monotonic, &lease, sk);
+	if (v == FENCE_OK && monotonic && strcmp(sk, key) != 0)
+	{
+		/*
+		 * The monotonic mode accepts a permit's token also once that lease
+		 * has ended, but not once the key's exclusive lease was granted
+		 * after it: lock the key for writing too (an exclusive grant takes
+		 * the slot locks of held leases only) and compare.
+		 */
+		DlockLease	head;
+
+		dlock_lock_for_write(key, strlen(key));
+		dlock_read_lease(key, strlen(key), &head);
+		if (head.unknown)
+		{
+			lease = head;
+			v = FENCE_UNKNOWN_HOLDER;
+		}
+		else if (head.found && head.fence > token)
+		{
+			lease = head;
+			v = FENCE_STALE;
+		}
+	}
 	if (v == FENCE_OK)
 	{
 		dlock_lock_for_write(sk, strlen(sk));

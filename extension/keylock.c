@@ -244,6 +244,25 @@ dlock_lock_for_new_slot(const char *key, int len)
 }
 
 /*
+ * Take key's owner-op lock in a mode that only owner ops conflict with, if
+ * it is free at once (never wait): a look under it sees no renewal, release
+ * or proclaim in flight.  For observe(), which must not hold up grants.
+ * Give it back with dlock_unlock_look.
+ */
+bool
+dlock_lock_for_look(const char *key, int len)
+{
+	return take(key, len, DLOCK_SPACE_OWNER_OPS, ShareLock, true);
+}
+
+/* Give back the lock of dlock_lock_for_look (no change: nobody to wake). */
+void
+dlock_unlock_look(const char *key, int len)
+{
+	give_back(key, len, DLOCK_SPACE_OWNER_OPS, ShareLock);
+}
+
+/*
  * Take key's locks for renew or release: the key lock in a mode that
  * excludes only grants, and the owner-op lock.  The caller then checks the
  * owner, and takes dlock_lock_for_ending before it ends or shortens the

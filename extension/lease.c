@@ -318,6 +318,29 @@ attempt_slot_grant(text *key, int64 ttl, const DlockGrantOptions *opts,
 	if (first == 0)
 		return GRANT_HELD;
 
+	/*
+	 * The key's own lease ran out unreleased: a renewal of it may have been
+	 * checked in time and not have committed yet, and the slot-grant lock
+	 * does not wait for owner ops.  Look under a lock that only owner ops
+	 * conflict with (not other slot grants), and give it back: once that
+	 * look finds the lease ended, no later renewal can succeed (an owner
+	 * op checks the clock under its lock, which it keeps until it ends).
+	 */
+	if (head.found && head.held && !head.unknown)
+	{
+		if (!dlock_lock_for_look(k, len))
+			return GRANT_BUSY;
+		dlock_read_lease(k, len, &head);
+		now = GetCurrentTimestamp();
+		u = blocked_until(&head, look(k, len, &head, now), now);
+		dlock_unlock_look(k, len);
+		if (u != 0)
+		{
+			*lease = head;
+			*until = u;
+			return GRANT_HELD;
+		}
+	}
 	if (!dlock_lock_for_slot_grant(k, len))
 		return GRANT_BUSY;
 	dlock_read_lease(k, len, &head);
@@ -970,8 +993,9 @@ key_in_use(text *key)
  * revoked from PUBLIC), in either storage mode: in memory mode nobody can
  * delete the lease any other way.  The holder's fenced writes are refused
  * from then on (no lease), and the key's next token is still higher than
- * any before.  Locks the key as for a grant, without waiting: while
- * anyone has the key locked, it fails with 55P03.
+ * any before.  Locks the key and its slot keys as for a grant, without
+ * waiting, until the end of the transaction: while anyone has one of them
+ * locked, it fails with 55P03.
  */
 Datum
 dlock_forget(PG_FUNCTION_ARGS)
@@ -1005,7 +1029,6 @@ dlock_forget(PG_FUNCTION_ARGS)
 			dlock_forget_verified(sk, sklen);
 			deleted = true;
 		}
-		dlock_unlock_grant(sk, sklen);
 	}
 	if (dlock_storage_delete_old(key, DT_NOEND, true))
 	{
@@ -1013,7 +1036,13 @@ dlock_forget(PG_FUNCTION_ARGS)
 		/* a key that had only slots had no lease of its own */
 		deleted = deleted || head.fence != 0;
 	}
-	dlock_unlock_grant(k, len);
+
+	/*
+	 * The locks stay until the end of the transaction: in table mode the
+	 * rows are deleted only at commit, and a writer or an owner op let in
+	 * before would act on a lease about to vanish (an exclusive grant after
+	 * the commit would not know the slot it writes under).
+	 */
 	PG_RETURN_BOOL(deleted);
 }
 

@@ -607,7 +607,11 @@ make_room(bool own_only)
 		DlockLease *l = &e->v.lease;
 		MemCandidate *c;
 
-		if (e->pins != 0 || !l->found ||
+		/*
+		 * (Nor the head of a key with permits or shared leases: it records
+		 * where they are; prune() drops it once they are all gone.)
+		 */
+		if (e->pins != 0 || !l->found || l->nslots > 0 ||
 			(own_only && e->tag.db != MyDatabaseId))
 			continue;
 		if (!l->held ||

@@ -267,6 +267,28 @@ cmp_ok($fe, '>', $f6, '0.6 -> 0.7: a campaign has a token above every one before
 is($node->safe_psql('v06', "SELECT value || ' ' || (fence = $fe) FROM dlock.leader('e')"),
 	'node-1 true', '0.6 -> 0.7: leader() after a campaign');
 
+# Privileges changed since the install are kept across the update, on
+# the objects it drops and creates again (in a database of its own: its
+# catalogs differ from a fresh install's on purpose).
+$node->safe_psql('postgres', 'CREATE DATABASE v06acl');
+$node->safe_psql('v06acl', "CREATE EXTENSION dlock VERSION '0.6'");
+$node->safe_psql('v06acl', q{
+	CREATE ROLE v06_worker; CREATE ROLE v06_other;
+	REVOKE EXECUTE ON FUNCTION dlock.try_acquire(text, interval, text, interval, boolean) FROM PUBLIC;
+	GRANT EXECUTE ON FUNCTION dlock.try_acquire(text, interval, text, interval, boolean) TO v06_worker;
+	REVOKE SELECT ON dlock.lease_status FROM PUBLIC;
+	GRANT SELECT ON dlock.lease_status TO v06_worker;
+});
+$node->safe_psql('v06acl', 'ALTER EXTENSION dlock UPDATE');
+is( $node->safe_psql('v06acl', q{
+		SELECT has_function_privilege('v06_worker', 'dlock.try_acquire(text, interval, text, interval, boolean, integer, text)', 'EXECUTE')
+			|| ' ' || has_function_privilege('v06_other', 'dlock.try_acquire(text, interval, text, interval, boolean, integer, text)', 'EXECUTE')
+			|| ' ' || has_table_privilege('v06_worker', 'dlock.lease_status', 'SELECT')
+			|| ' ' || has_table_privilege('v06_other', 'dlock.lease_status', 'SELECT')
+			|| ' ' || has_function_privilege('v06_other', 'dlock.acquire(text, interval, interval, text, interval, boolean, integer, text)', 'EXECUTE')}),
+	'true false true false true',
+	'0.6 -> 0.7: try_acquire and lease_status, created again, keep the privileges granted and revoked before; acquire keeps its default');
+
 #
 # 3. The upgraded installs have exactly the objects of a fresh install of
 #    the default version.
