@@ -931,9 +931,47 @@ dlock_release(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(true);
 }
 
+/* Did the key's own lease (a head's, *lease) end before cutoff? */
+static bool
+own_lease_ended(const DlockLease *lease, TimestampTz cutoff)
+{
+	DlockLease	own = *lease;
+
+	own.nslots = 0;
+	return dlock_lease_ended_at(&own, MyDatabaseId) < cutoff;
+}
+
+/*
+ * May the head of key k (len bytes) go: its own lease ended before cutoff
+ * and none of its slots has a lease (row) left?  Read under the key's
+ * grant lock, which no slot grant can hold meanwhile.
+ */
+static bool
+head_unused(const char *k, int len, TimestampTz cutoff)
+{
+	DlockLease	head;
+	int			i;
+
+	dlock_read_lease(k, len, &head);
+	if (!head.found || head.unknown || !own_lease_ended(&head, cutoff))
+		return false;
+	for (i = 1; i <= head.nslots; i++)
+	{
+		char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
+		int			sklen = dlock_slot_key(sk, k, len, i);
+		DlockLease	slot;
+
+		dlock_read_lease(sk, sklen, &slot);
+		if (slot.found)
+			return false;
+	}
+	return true;
+}
+
 /*
  * dlock.prune(older_than): delete the rows of keys whose lease was released
- * or expired more than older_than ago; return how many.  Each key is
+ * or expired more than older_than ago, then those of keys whose permits
+ * and shared leases are all gone; return how many.  Each key is
  * locked as for a grant, only while its row is deleted, and skipped when
  * somebody else has it locked.  A pruned key's next token still comes from
  * the same sequence, so it is higher than any before; only the monotonic
@@ -971,6 +1009,36 @@ dlock_prune(PG_FUNCTION_ARGS)
 			deleted++;
 		}
 		dlock_unlock_grant(k, len);
+	}
+
+	/*
+	 * Then the heads of keys that have had permits or shared leases (never
+	 * old keys, dlock_lease_ended_at) whose own lease ended before cutoff
+	 * and whose slots are all gone now.  The head's lock is kept until the
+	 * end of the transaction: a slot grant that read the head before its
+	 * delete commits would record nothing, and an exclusive grant after it
+	 * would not know that slot.
+	 */
+	foreach(lc, dlock_storage_scan())
+	{
+		DlockLeaseRow *row = (DlockLeaseRow *) lfirst(lc);
+		const char *k = VARDATA_ANY(row->key);
+		int			len = VARSIZE_ANY_EXHDR(row->key);
+
+		CHECK_FOR_INTERRUPTS();
+		if (row->lease.unknown || row->lease.nslots == 0 ||
+			dlock_base_key_len(k, len) != len ||
+			!own_lease_ended(&row->lease, cutoff) ||
+			!dlock_lock_for_grant(k, len))
+			continue;
+		if (head_unused(k, len, cutoff) &&
+			dlock_storage_delete_old(row->key, DT_NOEND, true))
+		{
+			dlock_forget_verified(k, len);
+			deleted++;
+		}
+		else
+			dlock_unlock_grant(k, len);
 	}
 	PG_RETURN_INT64(deleted);
 }

@@ -76,6 +76,25 @@ SELECT dlock.release('mixed', owner) FROM dlock.leases WHERE key = 'mixed';
 SELECT count(*) AS first_permit FROM dlock.try_acquire('mixed', '1 hour', permits => 2);
 SELECT key, permit, state FROM dlock.lease_status WHERE key = 'mixed' ORDER BY permit NULLS FIRST;
 
+-- The monotonic mode of the fencing trigger accepts a permit's token once
+-- its lease ended (as for any lease), but not once the key's exclusive
+-- lease was granted after it.
+CREATE TABLE mono (id int PRIMARY KEY, tok bigint);
+CREATE TRIGGER mono_fence BEFORE INSERT OR UPDATE OR DELETE ON mono
+  FOR EACH ROW EXECUTE FUNCTION dlock.fence_guard('mk', 'tok', 'monotonic');
+SELECT owner AS m_owner, fence AS m_fence FROM dlock.try_acquire('mk', '1 hour', permits => 2) \gset
+SELECT dlock.release('mk', :'m_owner');
+INSERT INTO mono VALUES (1, :m_fence);
+SELECT fence AS x_fence FROM dlock.try_acquire('mk', '1 hour') \gset
+\set VERBOSITY terse
+INSERT INTO mono VALUES (2, :m_fence);
+\set VERBOSITY default
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO mono VALUES (3, :x_fence);
+SELECT id, tok = :x_fence AS under_exclusive FROM mono ORDER BY id;
+DROP TABLE mono;
+SELECT dlock.forget('mk');
+
 -- Bad arguments.
 SELECT dlock.try_acquire('e', '1 hour', permits => 0);
 \echo :LAST_ERROR_SQLSTATE

@@ -24,6 +24,9 @@
 #    unknown until the horizon (leader() shows nobody, grants wait), and
 #    afterwards the new tokens are above every old one and the old ones
 #    are refused; in table mode the permits survive the restart.
+# j. A full pool in memory mode (dlock.memory_max_keys = 200): room is
+#    made by dropping ended leases, never the head of a key whose permits
+#    are live.
 # i. A key of 512 bytes takes permits (its slot keys are longer than any
 #    key), and a permit's notification names the key and the permit.
 use strict;
@@ -44,6 +47,7 @@ shared_preload_libraries = 'dlock'
 dlock.storage = '$mode'
 dlock.horizon_margin = '2s'
 dlock.max_ttl = '1h'
+dlock.memory_max_keys = 200
 });
 	$node->safe_psql('postgres', q{
 		CREATE EXTENSION dlock;
@@ -312,6 +316,28 @@ dlock.max_ttl = '1h'
 	$l2->quit;
 	is($node->safe_psql('postgres', qq{SELECT dlock.forget('$long')}),
 		't', "$mode: i: forget() of the long key");
+
+	#
+	# j. A full pool: memory mode drops ended leases to make room, never
+	#    the head of a key whose permits are live (table mode: no pool).
+	#
+	my ($evo, $evf) = split /\|/, $node->safe_psql('postgres',
+		q{SELECT owner, fence FROM dlock.try_acquire('ev', '1 hour', permits => 2)});
+	$node->safe_psql('postgres', q{
+		SELECT count(*) FROM generate_series(1, 150) g, LATERAL dlock.try_acquire('fill:' || g, '1 ms')});
+	sleep 0.1;
+	$node->safe_psql('postgres', q{
+		SELECT count(*) FROM generate_series(151, 300) g, LATERAL dlock.try_acquire('fill:' || g, '1 ms')});
+	my ($evs) = try_sql($node, 'postgres', "SELECT dlock.use_fence('ev', $evf)");
+	is($evs, '', "$mode: j: after the pool filled and made room, the permit still fences writes");
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM dlock.try_acquire('ev', '1 hour')}),
+		'0', "$mode: j: ... and still excludes an exclusive lease");
+	$node->safe_psql('postgres', "SELECT dlock.release('ev', '$evo')");
+	cmp_ok($node->safe_psql('postgres', q{SELECT dlock.prune('0')}), '>', 0,
+		"$mode: j: prune() frees the ended leases");
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM dlock.leases WHERE split_part(key, E'\x1f', 1) = 'ev'})
+		. ' ' . $node->safe_psql('postgres', q{SELECT count(*) FROM dlock.lease_status WHERE key = 'ev'}),
+		'0 0', "$mode: j: ... and the key whose permits all ended, with its record of them");
 
 	#
 	# h. A restart, in a database of its own whose leases are short (in
