@@ -159,6 +159,8 @@ static const char *inject = NULL;
 static bool verbose = false;
 static bool sweep = false;		/* --sweep: every key shape, token, surface */
 static bool horizon = false;	/* --horizon: just restarted in memory mode */
+static bool has_kinds = false;	/* dlock 0.7: permits, shared leases,
+								 * elections, observe (issue 20) */
 
 /* run state */
 static uint64 rng_state;
@@ -1023,6 +1025,18 @@ static const char *const hostile_keys[] = {
 	"(SELECT string_agg(chr(n), '') FROM generate_series(1, 127) n)",
 	"(SELECT string_agg(chr(n), '') FROM generate_series(1, 600) n)",
 	"1::text", "'fz:g0'", "'fz:g1'",
+	/*
+	 * U+001F, which dlock puts between a key and its permit's number
+	 * (0.7): refused in a key at every position, also where it makes the
+	 * key look like one of a pool key's permits
+	 */
+	"E'\\x1f'", "E'\\x1fa'", "E'a\\x1f'", "E'a\\x1fb'", "E'\\x1f\\x1f'", "chr(31)",
+	"E'fz:k0\\x1f'", "E'fz:k0\\x1f1'", "E'fz:p0\\x1f2'", "E'fz:k1\\x1f1000'",
+	"repeat('a', 511) || E'\\x1f'", "E'\\x1f' || repeat('a', 511)",
+	"repeat('a', 255) || E'\\x1f' || repeat('a', 256)",
+	"repeat(E'\\u00e9', 255) || E'\\x1f1'",	/* 513 */
+	"repeat('p', 512) || E'\\x1f1'",	/* a 512-byte key's first permit */
+	"E'\\x1e\\x01\\x7f'",	/* other control characters are keys */
 };
 
 /* hostile_keys[i] is a key dlock accepts (1 to 512 bytes; setup) */
@@ -2829,6 +2843,7 @@ setup(uint64 seed)
 	char	   *sql;
 
 	must(dig, "CREATE EXTENSION IF NOT EXISTS dlock");
+	has_kinds = strcmp(must_value(dig, "SELECT to_regproc('dlock.campaign') IS NOT NULL"), "t") == 0;
 	sql = psprintf("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '%s') "
 				   "THEN CREATE ROLE %s LOGIN; END IF; END$$", role, role);
 	must(dig, sql);
@@ -2951,7 +2966,8 @@ setup(uint64 seed)
 	{
 		PGresult   *res;
 
-		sql = psprintf("SELECT octet_length(%s) BETWEEN 1 AND 512", hostile_keys[i]);
+		sql = psprintf("SELECT octet_length(k) BETWEEN 1 AND 512%s FROM (SELECT %s AS k) s",
+					   has_kinds ? " AND strpos(k, chr(31)) = 0" : "", hostile_keys[i]);
 		res = PQexec(dig, sql);
 		hostile_valid[i] = PQresultStatus(res) == PGRES_TUPLES_OK &&
 			PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
