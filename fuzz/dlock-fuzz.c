@@ -897,7 +897,8 @@ check_invariants(const Call *c)
  * Read the NOTIFYs the ordinary role's connection has received (it LISTENs
  * on channel dlock now and then, and the superuser sets dlock.notify): each
  * payload must be the JSON object dlock documents, naming an event, a key
- * and a token.
+ * (a key, not the key a permit is stored under), its permit if any, and a
+ * token.
  */
 static void
 drain_notifications(const Call *c)
@@ -913,7 +914,9 @@ drain_notifications(const Call *c)
 			const char *params[1] = {n->extra};
 			PGresult   *res = PQexecParams(dig,
 										   "SELECT (p->>'event') IN ('grant', 'takeover', 'release', 'expired', 'proclaim') "
-										   "AND (p->>'fence')::bigint > 0 AND octet_length(p->>'key') BETWEEN 1 AND 517 "
+										   "AND (p->>'fence')::bigint > 0 AND octet_length(p->>'key') BETWEEN 1 AND 512 "
+										   "AND strpos(p->>'key', chr(31)) = 0 "
+										   "AND (p->'permit' IS NULL OR (p->>'permit')::int BETWEEN 1 AND 1000) "
 										   "FROM (SELECT $1::json AS p) s",
 										   1, NULL, params, NULL, NULL, 0);
 
