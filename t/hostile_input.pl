@@ -280,14 +280,20 @@ like($e, qr/VIOLATION: invariant: a token names two leases.*\n(?:.*\n)*VIOLATION
 	'red: the broken invariants are named');
 
 # a backend killed during the run: the server restarts (the digest
-# connection's backend: it is never reconnected, so its pid stays ours)
+# connection's backend: it is never reconnected, so its pid stays ours).
+# Once the run is past its setup, which ends with the ordinary role's
+# connection: a kill during the setup (slow under load) would only make it
+# give up (exit 2), not name the crash.
 ($o, $e) = ('', '');
 $h = start_fuzz('fuzz6', 'dlock_fuzz6', 3, 20000, \$o, \$e);
 my $pid = '';
 foreach my $i (1 .. 600)
 {
-	$pid = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE application_name = 'dlock-fuzz-digest' AND datname = 'fuzz6'");
+	$pid = $node->safe_psql('postgres', q{
+		SELECT pid FROM pg_stat_activity
+		WHERE application_name = 'dlock-fuzz-digest' AND datname = 'fuzz6'
+		  AND EXISTS (SELECT FROM pg_stat_activity
+					  WHERE application_name = 'dlock-fuzz-usr' AND datname = 'fuzz6')});
 	last if $pid =~ /^\d+$/;
 	usleep(100_000);
 }
