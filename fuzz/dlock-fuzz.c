@@ -2017,11 +2017,12 @@ gen_write(void)
 	legit = kind == 1;
 	/*
 	 * With '=' shadowed a WHERE may match the rows of every key: the token
-	 * is then stale for all of them only if it is no key's token at all.
+	 * is then stale for all of them only if it is no key's token at all
+	 * (dlock.lease_status: in memory mode dlock.leases is empty).
 	 */
 	if (evil_path && kind == 0)
 	{
-		char	   *q = psprintf("SELECT count(*) FROM dlock.leases WHERE fence = %lld", t);
+		char	   *q = psprintf("SELECT count(*) FROM dlock.lease_status WHERE fence = %lld", t);
 		PGresult   *r = PQexec(dig, q);
 
 		if (PQresultStatus(r) != PGRES_TUPLES_OK || strcmp(PQgetvalue(r, 0, 0), "0") != 0)
