@@ -3872,6 +3872,97 @@ gen_forget_race(void)
 }
 
 /*
+ * An acquire() that waits (for an exclusive lease, a permit or a shared
+ * lease) while the superuser holds a fresh key: sent without waiting; it
+ * must show in dlock.waiters (preloaded) as what it asks for, first in
+ * the key's line, and be granted soon after the superuser's release.
+ */
+static void
+gen_waiters_race(void)
+{
+	static long n = 0;
+	static const char *const asks[][2] = {
+		{"", "exclusive 1 1"},
+		{", permits => 3", "permit 3 1"},
+		{", mode => 'shared'", "shared 1"},
+		{", permits => 1, mode => 'exclusive'", "exclusive 1 1"},
+	};
+	int			a = rnd(lengthof(asks));
+	char	   *key;
+	char	   *owner = NULL;
+	char	   *sql;
+	Call	   *c;
+	Call	   *w;
+	int			i;
+	bool		seen = false;
+	int64		released;
+
+	n++;
+	key = psprintf("'fz:q%ld:%llu'", n, (unsigned long long) run_seed);
+	c = new_call("kinds", AS_SU, EXP_ANY);
+	c->api = true;
+	add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '10 s')", key);
+	make_call(c);
+	if (!c->sqlstate && c->ntuples == 1 && c->value2)
+		owner = psprintf("'%s'::uuid", c->value2);
+	free_call(c);
+	if (owner == NULL || stop)
+	{
+		free(key);
+		return;
+	}
+	w = new_call("waiter", AS_USR, EXP_ANY);
+	w->api = true;
+	w->uses_dlock = true;
+	w->invariants = true;
+	add(w, "SELECT fence FROM dlock.acquire(%s, '1 s', wait => '5 s'%s)", key, asks[a][0]);
+	if (!PQsendQuery(usr, w->stmt[0]))
+	{
+		call(w);
+		free(key);
+		free(owner);
+		return;
+	}
+	w->async_sent = true;
+	/* until it queues (a few ms; give up after 2 s under load) */
+	sql = psprintf("SELECT concat_ws(' ', mode, permits, position) FROM dlock.waiters "
+				   "WHERE key = %s AND pid = %d", key, PQbackendPID(usr));
+	for (i = 0; i < 100 && !seen; i++)
+	{
+		PGresult   *res = PQexec(dig, sql);
+
+		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		{
+			seen = true;
+			if (strcmp(PQgetvalue(res, 0, 0), asks[a][1]) != 0)
+				violation(w, "dlock.waiters shows a waiting acquire() as \"%s\", must show \"%s\" (mode, permits, position)",
+						  PQgetvalue(res, 0, 0), asks[a][1]);
+		}
+		PQclear(res);
+		if (!seen)
+			pg_usleep(20000);
+	}
+	free(sql);
+	c = new_call("kinds", AS_SU, EXP_ANY);
+	c->api = true;
+	add(c, "SELECT dlock.release(%s, %s)", key, owner);
+	make_call(c);
+	released = c->t_done;
+	if (c->sqlstate || c->value == NULL || strcmp(c->value, "t") != 0)
+		seen = false;			/* not released: nothing to wait for */
+	free_call(c);
+	make_call(w);
+	if (seen && !w->sqlstate && (w->ntuples != 1 || w->value_null))
+		violation(w, "an acquire() waiting for a released key was not granted");
+	else if (seen && !w->sqlstate && w->t_done - released > OBSERVE_SLACK_MS)
+		violation(w, "an acquire() waiting for a released key was granted %lld ms after the release (a missed wake-up?)",
+				  (long long) (w->t_done - released));
+	free_call(w);
+	free(key);
+	free(owner);
+}
+
+/*
  * Fill one 512-byte key with shared leases, once per run: 1000 grants (in
  * four statements of 250, so that no transaction holds too many locks)
  * must all be granted, on permits 1 to 1000 (keys of 514 to 517 bytes);
@@ -4013,6 +4104,8 @@ gen_kinds(void)
 		}
 		else if (f < 94)
 			gen_forget_race();
+		else if (f < 95)
+			gen_waiters_race();
 		else
 		{
 			/* binary intervals: campaign's ttl, observe's and acquire's wait */
@@ -4254,6 +4347,8 @@ gen_kinds(void)
 			"SELECT count(*) FROM dlock.stats WHERE key = %s OR key LIKE 'fz:%%'",
 			"SELECT count(*) FROM dlock.leases WHERE key >= %s AND slots IS NOT NULL",
 			"SELECT value, slots FROM dlock.leases WHERE key = %s",
+			"SELECT count(*), max(position) FROM dlock.waiters WHERE key = %s",
+			"SELECT string_agg(mode || coalesce(permits::text, ''), ',') FROM dlock.waiters() WHERE key >= %s",
 		};
 
 		appendPQExpBuffer(&b, PICK(views), key);
