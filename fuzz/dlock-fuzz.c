@@ -93,6 +93,13 @@ typedef struct Call
 	const char *refuse_what;	/* EXP_REFUSE: what succeeded, for the
 								 * report (NULL: an attack) */
 	bool		api;			/* a call of dlock's API: may draw tokens */
+	bool		strict_seq;		/* refused for its arguments (22xxx, 42883):
+								 * must not draw a token either */
+	bool		invariants;		/* check the invariants of permits and
+								 * shared leases afterwards */
+	bool		async_sent;		/* the first statement was sent already
+								 * (PQsendQuery): collect its result */
+	int64		t_done;			/* now_ms() when its statements ended */
 	bool		uses_dlock;		/* PREPARE TRANSACTION must fail */
 	char	   *stmt[MAX_STMTS];
 	int			nstmt;
@@ -127,6 +134,7 @@ typedef struct Digest
 	char	   *catalog;
 	char	   *tables;
 	char	   *started;
+	long long	tokens;			/* the token counter's last value */
 } Digest;
 
 /* A lease granted to one of our connections, by key. */
@@ -159,6 +167,8 @@ static const char *inject = NULL;
 static bool verbose = false;
 static bool sweep = false;		/* --sweep: every key shape, token, surface */
 static bool horizon = false;	/* --horizon: just restarted in memory mode */
+static bool has_kinds = false;	/* dlock 0.7: permits, shared leases,
+								 * elections, observe (issue 20) */
 
 /* run state */
 static uint64 rng_state;
@@ -177,7 +187,29 @@ static char *dbname_q;
 static long log_offset = 0;
 static uint64 run_seed;
 static char *token_sql;			/* the token counter's last value */
+static bool memory_mode = false;	/* dlock.storage = memory */
 static char *horizon_sql;		/* ms until the horizon passes */
+
+/*
+ * The keys permits, shared leases and elections are asked of (issue 20),
+ * as far as the invariants go: the largest permits => N asked of each and
+ * whether mode => 'shared' may have been; and leases granted on it whose
+ * owner we know (a ring), for owner calls and writes under their tokens.
+ */
+#define NKIND		6
+#define NREMEMBER	8
+
+typedef struct KindKey
+{
+	const char *key;			/* SQL expression */
+	int			max_permits;	/* 1 until permits => N > 1 is asked */
+	bool		shared;
+	int			nleases;		/* leases remembered, ever */
+	char	   *owner[NREMEMBER];	/* SQL literal */
+	long long	fence[NREMEMBER];
+} KindKey;
+
+static KindKey kinds[NKIND + NPOOL];	/* the kind keys, then the pool keys */
 
 /* results */
 static Count states[MAX_STATES];
@@ -195,7 +227,13 @@ static long accepted_writes = 0;
 static long tokens_refused = 0; /* never-issued or horizon tokens refused */
 static long wrapped_cases = 0;	/* wrapped calls compared with direct ones */
 static long horizon_calls = 0;	/* calls made before the horizon */
+static long invariant_checks = 0;	/* checks of the invariants of permits */
+static long kinds_calls = 0;	/* calls of the 0.7 API (issue 20) */
+static long kinds_leases = 0;	/* leases granted to owners we know */
+static long observe_races = 0;	/* observes with a change checked */
+static long notifications = 0;	/* NOTIFYs of dlock received by usr */
 static int64 digest_ms = 0;
+static int64 invariants_ms = 0;
 static bool stop = false;		/* a crash ends the run */
 
 /*
@@ -468,9 +506,29 @@ read_digest(Digest *d, bool full, char **err)
 	d->catalog = pg_strdup(full ? PQgetvalue(res, 0, 3) : cur.catalog);
 	d->tables = pg_strdup(PQgetvalue(res, 0, 4));
 	d->started = pg_strdup(PQgetvalue(res, 0, 5));
+	d->tokens = atoll(PQgetvalue(res, 0, 6));
 	PQclear(res);
 	return true;
 }
+
+/*
+ * The digest of the leases: every column of dlock.leases (owners, values
+ * and slot counts included); in memory mode, where dlock.leases is empty,
+ * what dlock.lease_status shows of each lease that does not change with
+ * the clock, with the value observe() reports for a key's own lease.
+ */
+static const char *
+leases_sql(void)
+{
+	if (memory_mode && has_kinds)
+		return " (SELECT md5(coalesce(string_agg(concat_ws(' ', quote_literal(s.key), s.permit, s.fence, "
+			"quote_nullable(s.holder), s.granted_at, s.expires_at, s.session_bound, s.pid, "
+			"(SELECT quote_nullable(o.value) FROM dlock.observe(s.key, 0, '0') o WHERE s.permit IS NULL)), "
+			"E'\\n' ORDER BY s.key COLLATE \"C\", s.permit NULLS FIRST), '')) FROM dlock.lease_status s),\n";
+	return " (SELECT md5(coalesce(string_agg(l::text, E'\\n' ORDER BY l.key COLLATE \"C\"), '')) FROM dlock.leases l),\n";
+}
+
+static void prepare_invariants(void);
 
 /* Prepare the digest query on the digest connection. */
 static void
@@ -483,8 +541,9 @@ prepare_digest(void)
 	appendPQExpBufferStr(&q,
 						 "WITH e AS (SELECT oid, extnamespace FROM pg_extension WHERE extname = 'dlock'),\n"
 						 " r AS (SELECT c.oid FROM pg_class c, e WHERE c.relnamespace = e.extnamespace)\n"
-						 "SELECT\n"
-						 " (SELECT md5(coalesce(string_agg(l::text, E'\\n' ORDER BY l.key COLLATE \"C\"), '')) FROM dlock.leases l),\n"
+						 "SELECT\n");
+	appendPQExpBufferStr(&q, leases_sql());
+	appendPQExpBufferStr(&q,
 						 " (SELECT last_value FROM dlock.fence_seq),\n"
 						 " (SELECT is_called::text FROM dlock.fence_seq),\n"
 						 " md5((SELECT string_agg(x, E'\\n' ORDER BY x COLLATE \"C\") FROM (\n"
@@ -513,7 +572,7 @@ prepare_digest(void)
 	appendPQExpBufferStr(&q, odd_tables_sql);
 	appendPQExpBufferStr(&q, "),\n ");
 	appendPQExpBufferStr(&q, tables_sql);
-	appendPQExpBufferStr(&q, ",\n pg_postmaster_start_time()::text");
+	appendPQExpBuffer(&q, ",\n pg_postmaster_start_time()::text,\n (%s)", token_sql);
 	res = PQprepare(dig, "digest_full", q.data, 0, NULL);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
 	{
@@ -527,12 +586,11 @@ prepare_digest(void)
 	/* the same without the catalog, for calls that make no DDL */
 	initPQExpBuffer(&q);
 	appendPQExpBuffer(&q,
-					  "SELECT\n"
-					  " (SELECT md5(coalesce(string_agg(l::text, E'\\n' ORDER BY l.key COLLATE \"C\"), '')) FROM dlock.leases l),\n"
+					  "SELECT\n%s"
 					  " (SELECT last_value FROM dlock.fence_seq),\n"
 					  " (SELECT is_called::text FROM dlock.fence_seq),\n"
-					  " NULL::text,\n %s,\n pg_postmaster_start_time()::text",
-					  tables_sql);
+					  " NULL::text,\n %s,\n pg_postmaster_start_time()::text,\n (%s)",
+					  leases_sql(), tables_sql, token_sql);
 	res = PQprepare(dig, "digest", q.data, 0, NULL);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
 	{
@@ -542,6 +600,8 @@ prepare_digest(void)
 	}
 	PQclear(res);
 	termPQExpBuffer(&q);
+	if (has_kinds && !horizon)
+		prepare_invariants();
 }
 
 /*
@@ -654,8 +714,10 @@ key_state(const char *key, bool *live, bool *ended)
 
 	*live = false;
 	*ended = true;
+	/* the key's own lease (since 0.7 its permits have rows too) */
 	sql = psprintf("SELECT fence, state = 'held' AND remaining > '1 s', state <> 'held' "
-				   "FROM dlock.lease_status WHERE key = %s", key);
+				   "FROM dlock.lease_status WHERE key = %s%s", key,
+				   has_kinds ? " AND permit IS NULL" : "");
 	res = PQexec(dig, sql);
 	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
 	{
@@ -668,6 +730,206 @@ key_state(const char *key, bool *live, bool *ended)
 	return fence;
 }
 
+/*
+ * Is token a lease of key (an SQL expression) in state 'held' now, with
+ * more than a second to go when long is set?  The key's own lease or one
+ * of its permits or shared leases.
+ */
+static bool
+token_held(const char *key, long long token, bool long_enough)
+{
+	char	   *sql;
+	PGresult   *res;
+	bool		held = false;
+
+	sql = psprintf("SELECT count(*) FROM dlock.lease_status WHERE key = %s AND fence = %lld "
+				   "AND state = 'held'%s", key, token,
+				   long_enough ? " AND remaining > '1 s'" : "");
+	res = PQexec(dig, sql);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		held = strcmp(PQgetvalue(res, 0, 0), "0") != 0;
+	PQclear(res);
+	free(sql);
+	return held;
+}
+
+/* The KindKey of key (a pointer from kinds[].key or pool_keys), or NULL. */
+static KindKey *
+kind_of(const char *key)
+{
+	int			i;
+
+	for (i = 0; i < NKIND + NPOOL; i++)
+		if (kinds[i].key == key)
+			return &kinds[i];
+	return NULL;
+}
+
+/*
+ * Prepare the query of check_invariants on the digest connection (since
+ * 0.7): planning it takes longer than running it.
+ */
+static void
+prepare_invariants(void)
+{
+	PQExpBufferData q;
+	PGresult   *res;
+	int			i;
+
+	initPQExpBuffer(&q);
+	appendPQExpBuffer(&q,
+					  "WITH s AS MATERIALIZED (SELECT key, fence, state, permit, granted_at, expires_at, session_bound "
+					  "FROM dlock.lease_status WHERE fence IS NOT NULL),\n"
+					  " b(k, n) AS (");
+	/* $i: the largest permits => N asked of kinds[i - 1], NULL if shared */
+	appendPQExpBufferStr(&q, "VALUES ");
+	for (i = 0; i < NKIND + NPOOL; i++)
+		appendPQExpBuffer(&q, "%s(%s, $%d::int)", i ? ", " : "", kinds[i].key, i + 1);
+	/* the keys whose leader() is compared with their exclusive lease */
+	appendPQExpBufferStr(&q, "),\n t(k) AS (VALUES ");
+	for (i = 0; i < NKIND + NPOOL; i++)
+		appendPQExpBuffer(&q, "%s(%s)", i ? ", " : "", kinds[i].key);
+	appendPQExpBuffer(&q,
+					  ")\nSELECT\n"
+					  " (SELECT string_agg(fence || ' (' || n || ' leases)', ', ') FROM (SELECT fence, count(*) AS n FROM s GROUP BY fence HAVING count(*) > 1 LIMIT 5) d),\n"
+					  " (SELECT string_agg(quote_literal(left(key, 60)), ', ') FROM (SELECT key FROM s GROUP BY key "
+					  "HAVING bool_or(permit IS NULL AND state = 'held') AND bool_or(permit IS NOT NULL AND state = 'held') LIMIT 5) d),\n"
+					  " (SELECT string_agg(format('%%L: exclusive %%s [%%s, %%s), permit %%s %%s [%%s, %%s)', left(k, 60), af, ag, ae, bp, bf, bg, be), '; ') "
+					  "FROM (SELECT a.key, a.fence, a.granted_at, a.expires_at, b.permit, b.fence, b.granted_at, b.expires_at "
+					  "FROM s a JOIN s b ON a.key = b.key AND a.permit IS NULL AND b.permit IS NOT NULL "
+					  "WHERE NOT a.session_bound AND NOT b.session_bound AND a.granted_at < b.expires_at AND b.granted_at < a.expires_at LIMIT 3) "
+					  "d(k, af, ag, ae, bp, bf, bg, be)),\n"
+					  " (SELECT string_agg(format('%%L: %%s live, up to permit %%s, permits asked at most %%s', left(b.k, 60), c.n, c.m, b.n), '; ') "
+					  "FROM b, LATERAL (SELECT count(*) AS n, max(permit) AS m FROM s WHERE s.key = b.k AND s.permit IS NOT NULL AND s.state = 'held') c "
+					  "WHERE b.n IS NOT NULL AND (c.n > b.n OR c.m > b.n)),\n"
+					  " (SELECT string_agg(quote_literal(left(key, 60)) || ' (' || octet_length(key) || ' bytes) permit ' || coalesce(permit::text, 'NULL'), ', ') "
+					  "FROM s WHERE octet_length(key) NOT BETWEEN 1 AND 512 OR strpos(key, chr(31)) > 0 OR permit NOT BETWEEN 1 AND 1000),\n"
+					  " (SELECT string_agg(fence::text, ', ') FROM s WHERE fence > (%s)),\n"
+					  " (SELECT string_agg(format('%%L: leader %%s, exclusive lease %%s', left(k.k, 60), l.fence, e.fence), '; ') "
+					  "FROM t k CROSS JOIN LATERAL dlock.leader(k.k) l "
+					  "LEFT JOIN s e ON e.key = k.k AND e.permit IS NULL WHERE l.fence IS DISTINCT FROM e.fence),\n",
+					  token_sql);
+	if (memory_mode)
+		appendPQExpBufferStr(&q, " NULL::text");
+	else
+		appendPQExpBufferStr(&q,
+							 " (SELECT string_agg(quote_literal(left(l.key, 60)), ', ') FROM dlock.leases l "
+							 "WHERE strpos(l.key, chr(31)) > 0 AND NOT EXISTS (SELECT FROM dlock.leases h "
+							 "WHERE h.key = split_part(l.key, chr(31), 1) AND split_part(l.key, chr(31), 2) ~ '^[0-9]{1,4}$' "
+							 "AND h.slots >= split_part(l.key, chr(31), 2)::int))");
+	res = PQprepare(dig, "invariants", q.data, 0, NULL);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		fprintf(stderr, "%s: cannot prepare the invariants: %s", progname,
+				PQerrorMessage(dig));
+		exit(2);
+	}
+	PQclear(res);
+	termPQExpBuffer(&q);
+}
+
+/*
+ * Check the invariants of permits and shared leases (issue 20) in
+ * dlock.lease_status, over the digest connection, in either storage mode:
+ * no token names two leases; no key has a live exclusive lease (permit
+ * NULL) together with a live permit or shared lease, nor one whose time
+ * [granted_at, expires_at) overlapped theirs (session-bound leases, which
+ * end with their connection before expires_at, aside); no key that was
+ * never asked for a shared lease shows more live permits, or a higher
+ * permit, than the largest permits => N asked of it; every key shown is a
+ * key (1 to 512 bytes, no U+001F) and every permit between 1 and 1000; no
+ * token is above the token counter; dlock.leader() of the kind and pool
+ * keys shows the exclusive lease or nothing; and (table mode) no permit's
+ * lease is stored beyond the slot count of its key's row.  c: the call
+ * after which it runs.
+ */
+static void
+check_invariants(const Call *c)
+{
+	static const char *const what[] = {
+		"a token names two leases",
+		"an exclusive lease is live together with a permit or shared lease of the same key",
+		"an exclusive lease and a permit or shared lease of the same key overlapped in time",
+		"more live permits than the largest permits => N asked",
+		"a key or permit that dlock refuses is in dlock.lease_status",
+		"a token above the token counter",
+		"dlock.leader() does not show the key's exclusive lease (or shows one for a key without)",
+		"a permit's lease is stored beyond the slot count of its key",
+	};
+	static char *last[lengthof(what)];
+	char		bounds[NKIND + NPOOL][16];
+	const char *params[NKIND + NPOOL];
+	PGresult   *res;
+	int			i;
+	int64		t0;
+
+	if (!has_kinds || horizon)
+		return;
+	invariant_checks++;
+	t0 = now_ms();
+	for (i = 0; i < NKIND + NPOOL; i++)
+	{
+		snprintf(bounds[i], sizeof(bounds[i]), "%d", kinds[i].max_permits);
+		params[i] = kinds[i].shared ? NULL : bounds[i];
+	}
+	res = PQexecPrepared(dig, "invariants", NKIND + NPOOL, params, NULL, NULL, 0);
+	invariants_ms += now_ms() - t0;
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+	{
+		violation(c, "cannot check the invariants of permits: %s", PQerrorMessage(dig));
+		PQclear(res);
+		return;
+	}
+	for (i = 0; i < (int) lengthof(what); i++)
+	{
+		const char *v = PQgetisnull(res, 0, i) ? NULL : PQgetvalue(res, 0, i);
+
+		/* a state that stays wrong is reported once */
+		if (v && !(last[i] && strcmp(last[i], v) == 0))
+			violation(c, "invariant: %s: %.600s", what[i], v);
+		free(last[i]);
+		last[i] = v ? pg_strdup(v) : NULL;
+	}
+	PQclear(res);
+}
+
+/*
+ * Read the NOTIFYs the ordinary role's connection has received (it LISTENs
+ * on channel dlock now and then, and the superuser sets dlock.notify): each
+ * payload must be the JSON object dlock documents, naming an event, a key
+ * (a key, not the key a permit is stored under), its permit if any, and a
+ * token.
+ */
+static void
+drain_notifications(const Call *c)
+{
+	PGnotify   *n;
+
+	PQconsumeInput(usr);
+	while ((n = PQnotifies(usr)) != NULL)
+	{
+		notifications++;
+		if (strcmp(n->relname, "dlock") == 0 && notifications <= 500)
+		{
+			const char *params[1] = {n->extra};
+			PGresult   *res = PQexecParams(dig,
+										   "SELECT (p->>'event') IN ('grant', 'takeover', 'release', 'expired', 'proclaim') "
+										   "AND (p->>'fence')::bigint > 0 AND octet_length(p->>'key') BETWEEN 1 AND 512 "
+										   "AND strpos(p->>'key', chr(31)) = 0 "
+										   "AND (p->'permit' IS NULL OR (p->>'permit')::int BETWEEN 1 AND 1000) "
+										   "FROM (SELECT $1::json AS p) s",
+										   1, NULL, params, NULL, NULL, 0);
+
+			if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 ||
+				strcmp(PQgetvalue(res, 0, 0), "t") != 0)
+				violation(c, "a NOTIFY of dlock is not what dlock documents: %.300s (%s)",
+						  n->extra, PQresultErrorMessage(res));
+			PQclear(res);
+		}
+		PQfreemem(n);
+	}
+}
+
 /* Run one statement of call c on conn; false when it failed. */
 static bool
 run_stmt(PGconn *conn, Call *c, int i)
@@ -676,7 +938,32 @@ run_stmt(PGconn *conn, Call *c, int i)
 	ExecStatusType st;
 	const char *tuples;
 
-	if (c->nparams > 0 && strstr(c->stmt[i], "$1"))
+	if (i == 0 && c->async_sent)
+	{
+		PGresult   *r;
+
+		/*
+		 * Sent before with PQsendQuery, maybe several statements: keep the
+		 * first error, else the last row set (the call's value).
+		 */
+		res = NULL;
+		while ((r = PQgetResult(conn)) != NULL)
+		{
+			ExecStatusType rs = PQresultStatus(r);
+
+			if (res && (PQresultStatus(res) == PGRES_FATAL_ERROR ||
+						(rs != PGRES_TUPLES_OK && rs != PGRES_FATAL_ERROR)))
+				PQclear(r);
+			else
+			{
+				PQclear(res);
+				res = r;
+			}
+		}
+		if (res == NULL)
+			res = PQmakeEmptyPGresult(conn, PGRES_FATAL_ERROR);
+	}
+	else if (c->nparams > 0 && strstr(c->stmt[i], "$1"))
 		res = PQexecParams(conn, c->stmt[i], c->nparams, c->ptypes,
 						   (const char *const *) c->pvalues, c->plengths,
 						   c->pformats, 0);
@@ -780,6 +1067,25 @@ reconnect_all(void)
 }
 
 /*
+ * Does call c prune or forget as the superuser in memory mode?  There
+ * they take effect at once, and a rollback does not bring the leases back
+ * (docs/memory-mode.md): a rolled-back or refused call may have dropped
+ * some.
+ */
+static bool
+at_once(const Call *c)
+{
+	int			i;
+
+	if (!memory_mode || c->who != AS_SU)
+		return false;
+	for (i = 0; i < c->nstmt; i++)
+		if (strstr(c->stmt[i], "dlock.prune(") || strstr(c->stmt[i], "dlock.forget("))
+			return true;
+	return false;
+}
+
+/*
  * Make call c and check it: record its outcome in the histograms, compare
  * the digest with the one before it, and report violations.
  */
@@ -800,6 +1106,7 @@ make_call(Call *c)
 	for (i = 0; i < c->nstmt; i++)
 		if (!run_stmt(conn, c, i))
 			break;
+	c->t_done = now_ms();
 	{
 		int			j;
 
@@ -822,6 +1129,8 @@ make_call(Call *c)
 
 		PQclear(res);
 	}
+	if (!c->lost && conn == usr)
+		drain_notifications(c);
 	if (c->prepared)
 	{
 		PGresult   *res = PQexec(su, "ROLLBACK PREPARED 'dlock_fuzz'");
@@ -912,8 +1221,8 @@ make_call(Call *c)
 				break;
 			case EXP_NOROWS:
 				if (c->ntuples != 0)
-					violation(c, "returned %d rows: a held key was granted to another",
-							  c->ntuples);
+					violation(c, "returned %d rows: %s", c->ntuples,
+							  c->refuse_what ? c->refuse_what : "a held key was granted to another");
 				break;
 			case EXP_STALE:
 				if (c->changed > 0)
@@ -939,16 +1248,11 @@ make_call(Call *c)
 					  c->sqlstate, c->expect_state);
 		if (c->expect == EXP_STALE)
 			stale_refused++;
-		if (c->expect == EXP_ACCEPT && strcmp(c->sqlstate, "LF001") == 0)
-		{
-			bool		live;
-			bool		ended;
-			long long	f = key_state(c->accept_key, &live, &ended);
-
-			if (f == c->accept_token && live)
-				violation(c, "a write under the current token %lld of a live lease was refused",
-						  c->accept_token);
-		}
+		/* the token's lease: the key's own, or one of its permits */
+		if (c->expect == EXP_ACCEPT && strcmp(c->sqlstate, "LF001") == 0 &&
+			token_held(c->accept_key, c->accept_token, true))
+			violation(c, "a write under the current token %lld of a live lease was refused",
+					  c->accept_token);
 	}
 
 	/* state: a refused call, or one that must change nothing */
@@ -958,15 +1262,26 @@ make_call(Call *c)
 	{
 		bool		seq_ok;
 
-		/* a grant rolled back or refused late still drew its token */
-		if (c->api)
+		/*
+		 * A grant rolled back or refused late still drew its token; one
+		 * refused for its arguments, before dlock looked at the key, drew
+		 * none.
+		 */
+		if (c->strict_seq && refused &&
+			(strncmp(c->sqlstate, "22", 2) == 0 ||
+			 strcmp(c->sqlstate, "42883") == 0))
+			seq_ok = after.tokens == cur.tokens && after.seq == cur.seq;
+		else if (c->api)
 			seq_ok = after.seq >= cur.seq;
 		else
 			seq_ok = after.seq == cur.seq &&
 				strcmp(after.seq_called, cur.seq_called) == 0;
-		if (strcmp(after.leases, cur.leases) != 0)
+		if (strcmp(after.leases, cur.leases) != 0 && !at_once(c))
 			violation(c, "dlock.leases changed");
-		if (!seq_ok)
+		if (!seq_ok && after.tokens != cur.tokens)
+			violation(c, "the token counter moved from %lld to %lld (a call refused for its arguments)",
+					  cur.tokens, after.tokens);
+		else if (!seq_ok)
 			violation(c, "dlock.fence_seq moved from %lld to %lld",
 					  cur.seq, after.seq);
 		if (strcmp(after.catalog, cur.catalog) != 0)
@@ -977,6 +1292,10 @@ make_call(Call *c)
 	}
 	free_digest(&cur);
 	cur = after;
+	if (c->invariants)
+		kinds_calls++;
+	if (c->invariants || (has_kinds && calls_made % 20 == 0))
+		check_invariants(c);
 	if (verbose)
 	{
 		char	   *t = call_text(c);
@@ -1023,6 +1342,18 @@ static const char *const hostile_keys[] = {
 	"(SELECT string_agg(chr(n), '') FROM generate_series(1, 127) n)",
 	"(SELECT string_agg(chr(n), '') FROM generate_series(1, 600) n)",
 	"1::text", "'fz:g0'", "'fz:g1'",
+	/*
+	 * U+001F, which dlock puts between a key and its permit's number
+	 * (0.7): refused in a key at every position, also where it makes the
+	 * key look like one of a pool key's permits
+	 */
+	"E'\\x1f'", "E'\\x1fa'", "E'a\\x1f'", "E'a\\x1fb'", "E'\\x1f\\x1f'", "chr(31)",
+	"E'fz:k0\\x1f'", "E'fz:k0\\x1f1'", "E'fz:p0\\x1f2'", "E'fz:k1\\x1f1000'",
+	"repeat('a', 511) || E'\\x1f'", "E'\\x1f' || repeat('a', 511)",
+	"repeat('a', 255) || E'\\x1f' || repeat('a', 256)",
+	"repeat(E'\\u00e9', 255) || E'\\x1f1'",	/* 513 */
+	"repeat('p', 512) || E'\\x1f1'",	/* a 512-byte key's first permit */
+	"E'\\x1e\\x01\\x7f'",	/* other control characters are keys */
 };
 
 /* hostile_keys[i] is a key dlock accepts (1 to 512 bytes; setup) */
@@ -1079,6 +1410,92 @@ static const char *const ages[] = {
 	"'-1000000 years'", "'infinity'", "'178956970 years 7 months'",
 };
 
+/*
+ * permits => (issue 20): SQL, and the number of permits it asks for when
+ * dlock takes it (1 to 1000), else 0.
+ */
+typedef struct PermitArg
+{
+	const char *sql;
+	int			n;
+} PermitArg;
+
+static const PermitArg permit_args[] = {
+	{"1", 1}, {"2", 2}, {"3", 3}, {"5", 5}, {"1000", 1000}, {"0", 0},
+	{"1001", 0}, {"-1", 0}, {"2147483647", 0}, {"(-2147483647 - 1)", 0},
+	{"NULL", 0}, {"2147483648::int", 0}, {"'x'::int", 0}, {"'  4 '::int", 4},
+	{"1.5", 0}, {"3::smallint", 3}, {"'999'::int + 1", 1000},
+};
+
+/*
+ * mode => (issue 20): SQL, and what dlock takes it for: 0 exclusive, 1
+ * shared, -1 neither (refused).  Every case, trailing and leading spaces,
+ * control characters, look-alikes, NUL-like bytes.
+ */
+typedef struct ModeArg
+{
+	const char *sql;
+	int			kind;
+} ModeArg;
+
+static const ModeArg mode_args[] = {
+	{"'exclusive'", 0}, {"'shared'", 1}, {"NULL", -1}, {"''", -1},
+	{"'Shared'", -1}, {"'SHARED'", -1}, {"'Exclusive'", -1}, {"'EXCLUSIVE'", -1},
+	{"'sHaReD'", -1}, {"'shared '", -1}, {"' shared'", -1}, {"'exclusive '", -1},
+	{"E'shared\\t'", -1}, {"E'shared\\n'", -1}, {"E'shared\\x01'", -1},
+	{"E'shared\\x1f'", -1}, {"E'exclusive\\x7f'", -1}, {"'shared' || chr(0)", -1},
+	{"E'shared\\x00'", -1}, {"E'shar\\u0435d'", -1}, {"E'shared\\u200B'", -1},
+	{"E'\\uFEFFshared'", -1}, {"repeat('shared', 2000)", -1}, {"'shared'::char(10)", 1},
+	{"'shared'::name", 1}, {"lower('SHARED')", 1}, {"'exclusive'::varchar(5)", -1},
+	{"convert_from('\\x736861726564ff'::bytea, 'UTF8')", -1}, {"'shared'", 1},
+	{"'exclusive'", 0}, {"'share'", -1}, {"'s'", -1}, {"'read'", -1},
+};
+
+/* permits => for a grant: mostly a few, else any of permit_args. */
+static const PermitArg *
+pick_permits(void)
+{
+	return chance(60) ? &permit_args[rnd(4)] : &PICK(permit_args);
+}
+
+/* mode => for a grant (NULL: none): mostly a valid one, else any. */
+static const ModeArg *
+pick_mode(void)
+{
+	if (chance(40))
+		return NULL;
+	return chance(60) ? &mode_args[rnd(2)] : &PICK(mode_args);
+}
+
+/* An election's value (campaign, proclaim, observe's seen_value). */
+static const char *const elect_values[] = {
+	"'v'", "'node-a:5432'", "''", "NULL", "repeat('v', 1023)", "repeat('v', 1024)",
+	"repeat('v', 1025)", "repeat(E'\\u00e9', 512)", "repeat(E'\\u00e9', 512) || 'x'",
+	"repeat(E'\\u20ac', 341) || 'a'", "repeat(E'\\u20ac', 342)",
+	"repeat(E'\\U0001F600', 256)", "repeat(E'\\U0001F600', 255) || 'abcd'",
+	"repeat(E'\\U0001F600', 256) || 'a'", "repeat('x', 10485760)", "E'\\x1f'",
+	"E'a\\x1fb'", "E'\\x01\\x02\\x7f'", "E'\\u202Eevil\\u202C'", "E'\\uFEFF'",
+	"E'\\U0010FFFF'", "E'line\\nbreak\\r\\t'", "'\"q\"\\\\'",
+	"convert_from('\\xc3'::bytea, 'UTF8')", "chr(0)", "'{\"json\": 1}'", "'%s%n'",
+	"1::text", "E'e\\u0301'", "'v'",
+};
+
+/* observe()'s after_fence, besides the tokens of the key itself. */
+static const char *const after_fences[] = {
+	"0", "0", "-1", "NULL", "1", "9223372036854775807", "(-9223372036854775807 - 1)",
+	"9223372036854775806", "'x'::bigint", "2::smallint",
+};
+
+/*
+ * observe()'s waits: short, so that a run stays fast (an observe that
+ * nothing wakes sleeps them out); NULL and decades are the unlimited ones,
+ * ended by statement_timeout.
+ */
+static const char *const observe_waits[] = {
+	"'0'", "'1 ms'", "'5 ms'", "'-1 us'", "'-0'", "'1 mon -30 days'", "'infinity'",
+	"'00:00:00.002'", "make_interval(secs => 0.003)", "'-1000000 years'", "'1 us'",
+};
+
 /* A key: a pool key, a guard key or a hostile one. */
 static const char *
 any_key(void)
@@ -1123,6 +1540,46 @@ guard_index(const char *k)
 		if (k == guard_keys[i])
 			return i;
 	return -1;
+}
+
+/*
+ * Note that a grant of key asks for permits pa and mode ma (either NULL:
+ * not passed), for the invariants: the largest permits => N asked of each
+ * key, and whether a shared lease may have been.
+ */
+static void
+note_ask(const char *key, const PermitArg *pa, const ModeArg *ma)
+{
+	KindKey    *kk = kind_of(key);
+
+	if (kk == NULL)
+		return;
+	if (ma && ma->kind == 1)
+		kk->shared = true;
+	if (pa && pa->n > kk->max_permits)
+		kk->max_permits = pa->n;
+}
+
+/*
+ * Now and then (0.7) append permits => and mode => to the named arguments
+ * of a grant of key in b, and note what they ask.
+ */
+static void
+add_kind_args(PQExpBuffer b, const char *key)
+{
+	const PermitArg *pa = NULL;
+	const ModeArg *ma = NULL;
+
+	if (!has_kinds || !chance(15))
+		return;
+	if (chance(70))
+	{
+		pa = pick_permits();
+		appendPQExpBuffer(b, ", permits => %s", pa->sql);
+	}
+	if ((ma = pick_mode()) != NULL)
+		appendPQExpBuffer(b, ", mode => %s", ma->sql);
+	note_ask(key, pa, ma);
 }
 
 /*
@@ -1182,6 +1639,7 @@ gen_api(void)
 					appendPQExpBuffer(&b, ", lock_delay => %s", PICK(delays));
 				if (chance(20))
 					appendPQExpBuffer(&b, ", session_bound => %s", PICK(bools));
+				add_kind_args(&b, key);
 				appendPQExpBufferStr(&b, ")");
 				body = b.data;
 				if (g >= 0)
@@ -1205,6 +1663,7 @@ gen_api(void)
 					appendPQExpBuffer(&b, ", lock_delay => %s", PICK(delays));
 				if (chance(20))
 					appendPQExpBuffer(&b, ", session_bound => %s", PICK(bools));
+				add_kind_args(&b, key);
 				appendPQExpBufferStr(&b, ")");
 				body = b.data;
 				if (g >= 0)
@@ -1520,6 +1979,9 @@ pick_token(int p, int *kind, long long *current)
 		*kind = 0;
 	else
 		*kind = ended ? 0 : 2;
+	/* since 0.7: a token of one of the key's live permits is good too */
+	if (*kind == 0 && has_kinds && t > 0 && token_held(pool_keys[p], t, false))
+		*kind = 2;
 	return t;
 }
 
@@ -1555,11 +2017,12 @@ gen_write(void)
 	legit = kind == 1;
 	/*
 	 * With '=' shadowed a WHERE may match the rows of every key: the token
-	 * is then stale for all of them only if it is no key's token at all.
+	 * is then stale for all of them only if it is no key's token at all
+	 * (dlock.lease_status: in memory mode dlock.leases is empty).
 	 */
 	if (evil_path && kind == 0)
 	{
-		char	   *q = psprintf("SELECT count(*) FROM dlock.leases WHERE fence = %lld", t);
+		char	   *q = psprintf("SELECT count(*) FROM dlock.lease_status WHERE fence = %lld", t);
 		PGresult   *r = PQexec(dig, q);
 
 		if (PQresultStatus(r) != PGRES_TUPLES_OK || strcmp(PQgetvalue(r, 0, 0), "0") != 0)
@@ -1958,6 +2421,7 @@ typedef struct Attack
 	const char *sql;			/* statements separated by "; " run in one
 								 * transaction */
 	const char *value;			/* EXP_VALUE: the value of the last one */
+	bool		kinds;			/* needs dlock 0.7 (issue 20) */
 } Attack;
 
 static const Attack attacks[] = {
@@ -2157,6 +2621,34 @@ static const Attack attacks[] = {
 	{EXP_STALE, "UPDATE fz.t_text SET v = v + 1, fence = (SELECT max(fence) + 1 FROM dlock.leases) WHERE k = %G"},
 	/* temp shadows of dlock's storage */
 	{EXP_VALUE, "SELECT dlock.check_fence(%G, 1) AND false"},
+	/* issue 20: dlock.notify, values and slots, permits, elections */
+	{EXP_REFUSE, "SET dlock.notify = on", NULL, true},
+	{EXP_REFUSE, "SELECT set_config('dlock.notify', 'on', false)", NULL, true},
+	{EXP_REFUSE, "ALTER ROLE CURRENT_USER SET dlock.notify = on", NULL, true},
+	{EXP_REFUSE, "ALTER DATABASE %D SET dlock.notify = on", NULL, true},
+	{EXP_VALUE, "SET dlock.notify = on; SELECT dlock.check_fence('fz:k0', 0); SELECT pg_catalog.current_setting('dlock.notify')", "off", true},
+	{EXP_REFUSE, "UPDATE dlock.leases SET value = 'forged' WHERE key = %G", NULL, true},
+	{EXP_REFUSE, "UPDATE dlock.leases SET slots = 1000 WHERE key = %G", NULL, true},
+	{EXP_REFUSE, "INSERT INTO dlock.leases (key, fence, owner, expires_at, granted_at) VALUES (%G || E'\\x1f1', 9223372036854775807, gen_random_uuid(), 'infinity', now())", NULL, true},
+	{EXP_REFUSE, "SELECT dlock.proclaim(key, owner, 'forged') FROM dlock.leases WHERE key = %G", NULL, true},
+	{EXP_REFUSE, "SELECT dlock.forget(%G)", NULL, true},
+	{EXP_VALUE, "SELECT dlock.proclaim(%G, gen_random_uuid(), 'forged')", NULL, true},
+	{EXP_VALUE, "SELECT dlock.proclaim(%G, '00000000-0000-0000-0000-000000000000', 'forged')", NULL, true},
+	{EXP_VALUE, "SELECT count(*) FROM dlock.try_acquire(%G, '1 hour', mode => 'shared')", NULL, true},
+	{EXP_VALUE, "SELECT count(*) FROM dlock.try_acquire(%G, '1 hour', permits => 1000)", NULL, true},
+	{EXP_VALUE, "SELECT count(*) FROM dlock.try_acquire(%G, '1 hour', permits => 2, mode => 'exclusive')", NULL, true},
+	{EXP_REFUSE, "SELECT fence FROM dlock.campaign(%G, 'usurper', '1 s', wait => '1 ms')", NULL, true},
+	{EXP_REFUSE, "SELECT fence FROM dlock.acquire(%G, '1 s', wait => '1 ms', mode => 'shared')", NULL, true},
+	{EXP_REFUSE, "SELECT fence FROM dlock.acquire(%G, '1 s', wait => '1 ms', permits => 1000)", NULL, true},
+	{EXP_REFUSE, "SELECT dlock.use_fence(%G || E'\\x1f1', %F)", NULL, true},
+	{EXP_REFUSE, "SELECT dlock.release(%G || E'\\x1f1', gen_random_uuid())", NULL, true},
+	{EXP_VALUE, "SELECT dlock.check_fence(%G || E'\\x1f1', %F) AND false", NULL, true},
+	{EXP_STALE, "INSERT INTO public.mine (k, fence) VALUES (%G || E'\\x1f1', %F)", NULL, true},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.campaign(text, text, interval, interval, text, interval, boolean) SECURITY DEFINER", NULL, true},
+	{EXP_REFUSE, "DROP FUNCTION dlock.observe(text, bigint, interval, text, boolean)", NULL, true},
+	{EXP_REFUSE, "CREATE OR REPLACE FUNCTION dlock.leader(election text, OUT value text, OUT fence bigint, OUT since timestamptz, OUT expires_at timestamptz) RETURNS SETOF record LANGUAGE sql AS 'SELECT NULL::text, 1::bigint, now(), now()'", NULL, true},
+	{EXP_REFUSE, "CREATE FUNCTION dlock.campaign(election text, value text, ttl interval, wait interval DEFAULT NULL, holder text DEFAULT NULL, lock_delay interval DEFAULT NULL, session_bound boolean DEFAULT false, x int DEFAULT 0) RETURNS dlock.lease LANGUAGE sql AS 'SELECT NULL::dlock.lease'", NULL, true},
+	{EXP_REFUSE, "ALTER FUNCTION dlock.proclaim(text, uuid, text) OWNER TO CURRENT_USER", NULL, true},
 };
 
 /* Run one attack, with %G (a guard key) and %P (the digest pid) filled in. */
@@ -2168,6 +2660,9 @@ gen_attack(void)
 	PQExpBufferData s;
 	const char *p;
 	Call	   *c;
+
+	while (a->kinds && !has_kinds)
+		a = &attacks[rnd(lengthof(attacks))];
 
 	if (inject && chance(2))
 	{
@@ -2188,6 +2683,12 @@ gen_attack(void)
 		{
 			/* the token after the guard's: never current */
 			appendPQExpBuffer(&s, "%lld", guard_fence[g] + 1);
+			p++;
+		}
+		else if (p[0] == '%' && p[1] == 'F')
+		{
+			/* the guard's own token */
+			appendPQExpBuffer(&s, "%lld", guard_fence[g]);
 			p++;
 		}
 		else if (p[0] == '%' && p[1] == 'D')
@@ -2348,7 +2849,7 @@ key_is_valid(const char *key)
 {
 	int			i;
 
-	if (pool_index(key) >= 0 || guard_index(key) >= 0)
+	if (pool_index(key) >= 0 || guard_index(key) >= 0 || kind_of(key))
 		return true;
 	for (i = 0; i < (int) lengthof(hostile_keys); i++)
 		if (key == hostile_keys[i])
@@ -2420,6 +2921,7 @@ typedef struct WrapSetting
 	const char *set;			/* the SET clause */
 	bool		su_only;		/* only a superuser may set it */
 	bool		set_local;		/* the direct call runs after SET LOCAL of it */
+	bool		kinds;			/* needs dlock 0.7 (issue 20) */
 } WrapSetting;
 
 static const WrapSetting wrap_settings[] = {
@@ -2436,6 +2938,7 @@ static const WrapSetting wrap_settings[] = {
 	{"maxttl", "dlock.max_ttl = '1s'", true, true},
 	{"maxhold", "dlock.max_hold = '1s'", true, true},
 	{"logev", "dlock.log_events = on", true, true},
+	{"notify", "dlock.notify = on", true, true, true},
 };
 
 /*
@@ -2451,6 +2954,7 @@ typedef struct WrapFn
 	bool		held;			/* takes a lease granted just before */
 	bool		token;			/* presents a token */
 	bool		grant;			/* draws tokens */
+	bool		kinds;			/* needs dlock 0.7 (issue 20) */
 } WrapFn;
 
 static const WrapFn wrap_fns[] = {
@@ -2463,7 +2967,19 @@ static const WrapFn wrap_fns[] = {
 	{"check", "boolean", "SELECT dlock.check_fence($1, $4)", true, true, false},
 	{"write", "integer", "INSERT INTO fz.t_hist (k, v, fence) VALUES ($1, 1, $4) RETURNING 1", true, true, false},
 	{"mono", "integer", "INSERT INTO fz.t_mono (k, v, fence) VALUES ($1, 1, $4) RETURNING 1", true, true, false},
+	{"campaign", "boolean", "SELECT fence IS NOT NULL FROM dlock.campaign($1, 'v', $3, wait => '10 ms')", false, false, true, true},
+	{"proclaim", "boolean", "SELECT dlock.proclaim($1, $2, 'v2')", true, false, false, true},
+	{"permit", "bigint", "SELECT count(*) FROM dlock.try_acquire($1, $3, permits => 3)", false, false, true, true},
+	{"shared", "bigint", "SELECT count(*) FROM dlock.try_acquire($1, $3, mode => 'shared')", false, false, true, true},
+	{"observe", "text", "SELECT concat_ws(' ', state, value) FROM dlock.observe($1, 0, '0')", true, false, false, true},
 };
+
+/* Is there a wrapper of wrap_fns[fi] with the SET clause wrap_settings[si]? */
+static bool
+wrap_exists(int si, int fi)
+{
+	return has_kinds || (!wrap_settings[si].kinds && !wrap_fns[fi].kinds);
+}
 
 /* body with $1..$4 replaced by the SQL of vals[0..3]. */
 static char *
@@ -2599,7 +3115,7 @@ wrap_case(int si, int fi, int tk, Who who)
 			c[i]->accept_key = pg_strdup(keys[i]);
 			c[i]->accept_token = fence[i];
 		}
-		else if (wf->held && tk == 2)
+		else if (wf->held && tk == 2 && strcmp(wf->rettype, "boolean") == 0)
 		{
 			/* a wrong owner's renew or release */
 			c[i]->expect = EXP_VALUE;
@@ -2650,21 +3166,1321 @@ done:
 static void
 gen_wrapped(void)
 {
-	wrap_case(rnd(lengthof(wrap_settings)), rnd(lengthof(wrap_fns)), rnd(3),
-			  chance(20) ? AS_SU : AS_USR);
+	int			si = rnd(lengthof(wrap_settings));
+	int			fi = rnd(lengthof(wrap_fns));
+
+	if (wrap_exists(si, fi))
+		wrap_case(si, fi, rnd(3), chance(20) ? AS_SU : AS_USR);
 }
 
 /* A never-issued token for a random key through a random surface. */
 static void
 gen_never_issued(void)
 {
-	const char *key = chance(30) ? PICK(hostile_keys) : any_key();
+	const char *key = chance(30) ? PICK(hostile_keys) :
+		has_kinds && chance(15) ? kinds[rnd(NKIND)].key : any_key();
 	char	   *tok = never_issued(rnd(NNEVER), last_token());
 
 	/* a shadowed '=' makes a WHERE match other keys' rows: no UPDATE then */
 	present_token("never-issued", chance(15) ? AS_SU : AS_USR, key, tok,
 				  rnd(NSURF_ANY_KEY), "a never-issued token");
 	free(tok);
+}
+
+/* ---- permits, shared leases, elections, observe (issue 20) ------------- */
+
+/* Remember a lease of kk, token fence and owner (text of a uuid). */
+static void
+remember(KindKey *kk, const char *fence, const char *owner)
+{
+	int			i = kk->nleases++ % NREMEMBER;
+
+	free(kk->owner[i]);
+	kk->owner[i] = psprintf("'%s'::uuid", owner);
+	kk->fence[i] = atoll(fence);
+}
+
+/* A remembered lease of kk (its index), or -1. */
+static int
+remembered(const KindKey *kk)
+{
+	int			n = Min(kk->nleases, NREMEMBER);
+
+	return n > 0 ? (int) rnd(n) : -1;
+}
+
+/* The kind keys and pool keys that have remembered leases: one of them. */
+static KindKey *
+any_remembered(void)
+{
+	int			start = rnd(NKIND + NPOOL);
+	int			i;
+
+	for (i = 0; i < NKIND + NPOOL; i++)
+	{
+		KindKey    *kk = &kinds[(start + i) % (NKIND + NPOOL)];
+
+		if (kk->nleases > 0)
+			return kk;
+	}
+	return NULL;
+}
+
+/*
+ * A key for a call of the kinds: mostly the kind keys (fz:p0..2 and three
+ * of 512 bytes, of 1-, 2- and 4-byte characters, whose permits' keys are
+ * 514 to 517 bytes), where permits, shared leases and elections mix; the
+ * pool keys, where they mix with exclusive leases and writes; the guard
+ * keys, held by the superuser for an hour; the hostile keys.
+ */
+static const char *
+kind_key(void)
+{
+	int			r = rnd(100);
+
+	if (r < 55)
+		return kinds[rnd(NKIND)].key;
+	if (r < 70)
+		return pool_keys[rnd(NPOOL)];
+	if (r < 85)
+		return guard_keys[rnd(NGUARD)];
+	return PICK(hostile_keys);
+}
+
+/* A ttl for a grant of key: short ones for the kind and pool keys. */
+static const char *
+kind_ttl(const char *key)
+{
+	static const char *const usual[] = {"'20 ms'", "'100 ms'", "'300 ms'", "'1 s'", "'3 s'"};
+
+	if (kind_of(key) && chance(85))
+		return PICK(usual);
+	return chance(50) ? PICK(usual) : PICK(ttls);
+}
+
+/* Append holder, lock_delay and session_bound (named) now and then. */
+static void
+grant_options(PQExpBuffer b)
+{
+	if (chance(25))
+		appendPQExpBuffer(b, ", holder => %s", PICK(holders));
+	if (chance(15))
+		appendPQExpBuffer(b, ", lock_delay => %s", PICK(delays));
+	if (chance(15))
+		appendPQExpBuffer(b, ", session_bound => %s", PICK(bools));
+}
+
+/*
+ * Put body into call c in a random wrapping, as gen_api does; return true
+ * when what body does is kept (not rolled back).
+ */
+static bool
+kind_wrap(Call *c, const char *body, const char *key)
+{
+	switch (rnd(14))
+	{
+		case 0:
+			add(c, "BEGIN");
+			add(c, "%s", body);
+			add(c, "COMMIT");
+			return true;
+		case 1:
+			add(c, "BEGIN READ ONLY");
+			add(c, "%s", body);
+			add(c, "COMMIT");
+			return true;
+		case 2:
+			add(c, "BEGIN ISOLATION LEVEL REPEATABLE READ");
+			add(c, "SELECT count(*) FROM dlock.lease_status WHERE key = %s", key);
+			add(c, "%s", body);
+			add(c, "COMMIT");
+			return true;
+		case 3:
+			add(c, "BEGIN");
+			add(c, "SAVEPOINT s");
+			add(c, "%s", body);
+			add(c, "ROLLBACK TO s");
+			add(c, "COMMIT");
+			break;
+		case 4:
+			add(c, "BEGIN");
+			add(c, "%s", body);
+			add(c, "ROLLBACK");
+			break;
+		default:
+			add(c, "%s", body);
+			c->strict_seq = true;
+			return true;
+	}
+	/* rolled back: must leave no trace but drawn tokens */
+	if (c->expect == EXP_ANY)
+		c->expect = EXP_NOCHANGE;
+	else if (c->expect == EXP_VALUE)
+		c->expect = EXP_ANY;	/* the value is no longer the last one */
+	return false;
+}
+
+/*
+ * Make a grant-like call c (its first column the token, its second the
+ * owner), and remember the lease it granted on key if kept.
+ */
+static void
+call_remember(Call *c, const char *key, bool kept)
+{
+	KindKey    *kk = kind_of(key);
+
+	make_call(c);
+	if (kk && kept && !c->sqlstate && c->ntuples == 1 && c->value && c->value2)
+	{
+		remember(kk, c->value, c->value2);
+		kinds_leases++;
+	}
+	free_call(c);
+}
+
+/* A binary interval parameter $1 of call c (as gen_api sends them). */
+static void
+binary_interval(Call *c)
+{
+	static const int64 times[] = {
+		PG_INT64_MAX, PG_INT64_MIN, 0, 1, -1, 20000,
+		INT64CONST(86400000000), INT64CONST(-86400000000)
+	};
+	static const int32 days[] = {0, 1, -1, PG_INT32_MAX, PG_INT32_MIN};
+	static const int32 months[] = {0, 1, -1, PG_INT32_MAX, PG_INT32_MIN};
+	char	   *iv = pg_malloc(16);
+	uint64		t = (uint64) PICK(times);
+	uint32		d = (uint32) PICK(days);
+	uint32		m = (uint32) PICK(months);
+	int			j;
+
+	for (j = 0; j < 8; j++)
+		iv[j] = (char) (t >> (56 - 8 * j));
+	for (j = 0; j < 4; j++)
+	{
+		iv[8 + j] = (char) (d >> (24 - 8 * j));
+		iv[12 + j] = (char) (m >> (24 - 8 * j));
+	}
+	c->nparams = 1;
+	c->ptypes[0] = 1186;		/* interval */
+	c->pvalues[0] = iv;
+	c->plengths[0] = 16;
+	c->pformats[0] = 1;
+}
+
+/* The token of key's own lease (-1: none), over the digest connection. */
+static long long
+own_token(const char *key)
+{
+	bool		live;
+	bool		ended;
+
+	return key_state(key, &live, &ended);
+}
+
+/*
+ * after_fence for observe() of key: its own lease's token, the one below
+ * or above, a remembered one, one never issued, or a hostile one.
+ * *cmp_guard: for a guard key, -1 when it is below the guard's token (the
+ * guard's lease must be reported at once), 1 when at or above (nothing
+ * happens to a guard: no row), 0 when unknown.
+ */
+static char *
+kind_after(const char *key, int *cmp_guard)
+{
+	int			g = guard_index(key);
+	KindKey    *kk = kind_of(key);
+	int			r = rnd(10);
+
+	*cmp_guard = 0;
+	if (g >= 0 && r < 6)
+	{
+		long long	a = guard_fence[g] + (r < 2 ? -1 : r < 4 ? 0 : 1);
+
+		*cmp_guard = a < guard_fence[g] ? -1 : 1;
+		return psprintf("%lld", a);
+	}
+	if (r < 4)
+	{
+		long long	t = own_token(key);
+
+		if (t > 0)
+			return psprintf("%lld", t + (long long) rnd(3) - 1);
+	}
+	if (r < 6 && kk && kk->nleases > 0)
+		return psprintf("%lld", kk->fence[remembered(kk)]);
+	if (r < 7)
+		return psprintf("%lld", last_token() + 1);
+	return pg_strdup(PICK(after_fences));
+}
+
+/*
+ * A write under the token of a remembered lease (a permit's, a shared
+ * lease's, a leader's): under its own key it must be accepted while the
+ * lease is live (with more than a second to go) and refused once it has
+ * ended or its permit was granted again; under another kind key it must
+ * be refused; with a permit's key spelled out (key || U+001F || n) the key
+ * is refused (22023).
+ */
+static void
+gen_kind_write(void)
+{
+	KindKey    *kk = any_remembered();
+	KindKey    *other;
+	const char *target;
+	long long	t;
+	Expect		expect;
+	Call	   *c;
+	bool		own;
+	int			shape = rnd(9);
+
+	if (kk == NULL || chance(40))
+	{
+		/* a fresh permit or shared lease of a kind key, to write under */
+		const char *key = kinds[rnd(NKIND)].key;
+		bool		shared = chance(30);
+		int			n;
+
+		kk = kind_of(key);
+		n = kk->nleases;
+		c = new_call("kinds", AS_USR, EXP_ANY);
+		c->api = true;
+		c->invariants = true;
+		add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '5 s', %s)", key,
+			shared ? "mode => 'shared'" : "permits => 3");
+		note_ask(key, shared ? NULL : &permit_args[2], shared ? &mode_args[1] : NULL);
+		call_remember(c, key, true);
+		if (kk->nleases == n)
+			return;				/* none free */
+		t = kk->fence[(kk->nleases - 1) % NREMEMBER];
+	}
+	else
+		t = kk->fence[remembered(kk)];
+	other = &kinds[rnd(NKIND + NPOOL)];
+	own = other == kk || chance(75);
+	target = own ? kk->key : other->key;
+	if (!own)
+		expect = EXP_STALE;		/* tokens name one lease, of one key */
+	else if (token_held(target, t, true))
+		expect = EXP_ACCEPT;
+	else if (token_held(target, t, false))
+		expect = EXP_ANY;		/* about to end: either outcome is right */
+	else
+		expect = EXP_STALE;		/* ended, or its permit granted again */
+	c = new_call("kinds-write", AS_USR, expect);
+	c->uses_dlock = true;
+	c->invariants = true;
+	switch (shape)
+	{
+		case 0:
+		case 1:
+			add(c, "INSERT INTO fz.t_hist (k, v, fence) VALUES (%s, 1, %lld)", target, t);
+			break;
+		case 2:
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %lld)", target, t);
+			add(c, "INSERT INTO fz.t_usefence AS u (k, v) VALUES (%s, 1) "
+				"ON CONFLICT (k) DO UPDATE SET v = u.v + 1", target);
+			add(c, "COMMIT");
+			break;
+		case 3:
+			add(c, "INSERT INTO fz.t_hist (k, v, fence) SELECT %s, 2, %lld WHERE dlock.fenced(%s, %lld)",
+				target, t, target, t);
+			break;
+		case 4:
+			/* check_fence: true for a live lease's token, false otherwise */
+			add(c, "SELECT dlock.check_fence(%s, %lld)", target, t);
+			if (expect == EXP_ACCEPT)
+			{
+				c->expect = EXP_VALUE;
+				c->expect_value = "t";
+			}
+			else if (expect == EXP_STALE)
+			{
+				c->expect = EXP_VALUE;
+				c->expect_value = "f";
+			}
+			break;
+		case 5:
+			/* 'monotonic': a permit's own token; another key's is refused */
+			add(c, "INSERT INTO fz.t_mono AS m (k, v, fence) VALUES (%s, 1, %lld) "
+				"ON CONFLICT (k) DO UPDATE SET v = m.v + 1, fence = excluded.fence", target, t);
+			if (own)
+				c->expect = EXP_ANY;
+			break;
+		case 6:
+			/* the key of one of its permits, spelled out: not a key */
+			add(c, "SELECT dlock.use_fence(%s || E'\\x1f%d', %lld)", target, 1 + (int) rnd(3), t);
+			c->expect = EXP_REFUSE;
+			c->expect_state = "22023";
+			c->refuse_what = "a permit's key (key || U+001F || n) as a key";
+			break;
+		case 7:
+			add(c, "BEGIN");
+			add(c, "SELECT dlock.use_fence(%s, %lld)", target, t);
+			add(c, "INSERT INTO fz.t_hist (k, v, fence) VALUES (%s, 3, %lld)", target, t);
+			add(c, "PREPARE TRANSACTION 'dlock_fuzz'");
+			if (c->expect != EXP_STALE)
+				c->expect = EXP_NOCHANGE;
+			break;
+		default:
+			/* a shadowed '=' makes the WHERE match every key's row */
+			if (evil_path)
+				add(c, "INSERT INTO fz.t_hist (k, v, fence) VALUES (%s, 4, %lld)", target, t);
+			else
+				add(c, "UPDATE fz.t_usefence SET v = v + 1 WHERE k = %s AND dlock.fenced(%s, %lld)",
+					target, target, t);
+			break;
+	}
+	if (c->expect == EXP_ACCEPT && evil_path)
+		c->expect = EXP_ANY;
+	if (c->expect == EXP_ACCEPT)
+	{
+		c->accept_key = pg_strdup(target);
+		c->accept_token = t;
+	}
+	call(c);
+}
+
+/*
+ * A change of key by the superuser while an observe() of it waits (no
+ * assertion on what the observer sees): a grant of a permit, a shared or
+ * an exclusive lease, a release, a proclaim by a remembered owner, or a
+ * forget().
+ */
+static void
+kind_change(const char *key)
+{
+	KindKey    *kk = kind_of(key);
+	int			i = kk ? remembered(kk) : -1;
+	Call	   *c = new_call("observe-change", AS_SU, EXP_ANY);
+	bool		kept = false;
+
+	c->api = true;
+	c->invariants = true;
+	switch (rnd(6))
+	{
+		case 0:
+			add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '300 ms', permits => 3)", key);
+			note_ask(key, &permit_args[2], NULL);
+			kept = true;
+			break;
+		case 1:
+			add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '300 ms', mode => 'shared')", key);
+			note_ask(key, NULL, &mode_args[1]);
+			kept = true;
+			break;
+		case 2:
+			add(c, "SELECT fence, owner FROM dlock.campaign(%s, 'w', '300 ms', wait => '0')", key);
+			kept = true;
+			break;
+		case 3:
+			if (i >= 0)
+				add(c, "SELECT dlock.release(%s, %s)", key, kk->owner[i]);
+			else
+				add(c, "SELECT dlock.release(%s, gen_random_uuid())", key);
+			break;
+		case 4:
+			if (i >= 0)
+				add(c, "SELECT dlock.proclaim(%s, %s, 'w%d')", key, kk->owner[i], (int) rnd(3));
+			else
+				add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '300 ms')", key);
+			kept = i < 0;
+			break;
+		default:
+			add(c, "SELECT dlock.forget(%s)", key);
+			break;
+	}
+	call_remember(c, key, kept);
+}
+
+/* Time observe() may take to report a change beyond what it waits for. */
+#define OBSERVE_SLACK_MS	2500
+
+/*
+ * observe() while the key changes: the superuser campaigns for a fresh key
+ * with value 'v1'; the ordinary role observes it (after the epoch, seen
+ * value 'v1'; maybe in a REPEATABLE READ, READ ONLY or SERIALIZABLE
+ * transaction), sent without waiting for its result; then the superuser
+ * changes the key, or does something that must not count as a change.
+ * observe() must report a change (proclaim of a new value, release,
+ * release and a new leader, forget, a renewal that shortens the lease to
+ * 200 ms) with what it is, and within OBSERVE_SLACK_MS of its commit (a
+ * missed wake-up would make it sleep out its 5 s); and report nothing
+ * within its 30 ms for the rest (a stranger's proclaim, the leader's
+ * proclaim of the same value, grants that the live lease refuses, a
+ * renewal that extends it).  Now and then, instead, a kind key is observed
+ * for a few milliseconds while the superuser changes it any way.
+ */
+static void
+gen_observe_race(void)
+{
+	static long n = 0;
+	char	   *key;
+	long long	f = 0;
+	char	   *owner = NULL;
+	Call	   *g;
+	Call	   *obs;
+	Call	   *chg;
+	int			change = rnd(10);
+	bool		reports = change < 5;
+	int			wrapping = rnd(5);
+	char	   *sel;
+	const char *what = NULL;
+	bool		as_meant = false;
+	long long	f2 = 0;
+	int64		sent;
+
+	if (chance(25))
+	{
+		/* a kind key, observed briefly while it changes any way */
+		const char *k = chance(80) ? kinds[rnd(NKIND)].key : pool_keys[rnd(NPOOL)];
+		int			cmp;
+		char	   *after = kind_after(k, &cmp);
+
+		obs = new_call("observe-busy", AS_USR, EXP_ANY);
+		obs->uses_dlock = true;
+		obs->invariants = true;
+		add(obs, "SELECT fence, state FROM dlock.observe(%s, %s, '%d ms'%s)", k, after,
+			1 + (int) rnd(40), chance(30) ? ", 'w1'" : "");
+		free(after);
+		if (PQsendQuery(usr, obs->stmt[0]))
+			obs->async_sent = true;
+		kind_change(k);
+		call(obs);
+		return;
+	}
+
+	n++;
+	key = psprintf("'fz:o%ld:%llu'", n, (unsigned long long) run_seed);
+	g = new_call("observe-grant", AS_SU, EXP_ANY);
+	g->api = true;
+	add(g, "SELECT fence, owner FROM dlock.campaign(%s, 'v1', '10 s', wait => '0')", key);
+	make_call(g);
+	if (!g->sqlstate && g->ntuples == 1 && g->value && g->value2)
+	{
+		f = atoll(g->value);
+		owner = psprintf("'%s'::uuid", g->value2);
+	}
+	free_call(g);
+	if (f == 0 || stop)
+	{
+		free(key);
+		free(owner);
+		return;
+	}
+
+	sel = psprintf("SELECT concat_ws(' ', state, fence, value) FROM dlock.observe(%s, %lld, '%s', 'v1')",
+				   key, f, reports ? "5 s" : "30 ms");
+	obs = new_call("observe-race", AS_USR, EXP_ANY);
+	obs->uses_dlock = true;
+	obs->invariants = true;
+	if (wrapping == 1)
+		add(obs, "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM dlock.leases; %s; COMMIT", sel);
+	else if (wrapping == 2)
+		add(obs, "BEGIN READ ONLY; %s; COMMIT", sel);
+	else if (wrapping == 3)
+		add(obs, "BEGIN ISOLATION LEVEL SERIALIZABLE; %s; COMMIT", sel);
+	else
+		add(obs, "%s", sel);
+	free(sel);
+	if (!PQsendQuery(usr, obs->stmt[0]))
+	{
+		/* could not even send: make it the ordinary way */
+		call(obs);
+		free(key);
+		free(owner);
+		return;
+	}
+	obs->async_sent = true;
+	sent = now_ms();
+	if (chance(50))
+		pg_usleep(rnd(5000));
+
+	chg = new_call("observe-change", AS_SU, EXP_ANY);
+	chg->api = true;
+	switch (change)
+	{
+		case 0:
+			what = "the leader's proclaim of a new value";
+			add(chg, "SELECT dlock.proclaim(%s, %s, 'v2')", key, owner);
+			break;
+		case 1:
+			what = "a release";
+			add(chg, "SELECT dlock.release(%s, %s)", key, owner);
+			break;
+		case 2:
+			what = "a release and a new leader";
+			add(chg, "SELECT dlock.release(%s, %s)", key, owner);
+			add(chg, "SELECT fence FROM dlock.campaign(%s, 'v3', '10 s', wait => '0')", key);
+			break;
+		case 3:
+			what = "forget()";
+			add(chg, "SELECT dlock.forget(%s)", key);
+			break;
+		case 4:
+			what = "a renewal that shortens the lease to 200 ms";
+			add(chg, "SELECT dlock.renew(%s, %s, '200 ms') IS NOT NULL", key, owner);
+			break;
+		case 5:
+			what = "a stranger's proclaim";
+			add(chg, "SELECT dlock.proclaim(%s, gen_random_uuid(), 'v2')", key);
+			chg->expect = EXP_VALUE;
+			chg->expect_value = "f";
+			break;
+		case 6:
+			what = "the leader's proclaim of the same value";
+			add(chg, "SELECT dlock.proclaim(%s, %s, 'v1')", key, owner);
+			break;
+		case 7:
+			what = "a grant that the live lease refuses";
+			add(chg, "SELECT fence FROM dlock.try_acquire(%s, '1 s', %s)", key,
+				chance(50) ? "permits => 3" : "mode => 'shared'");
+			chg->expect = EXP_NOROWS;
+			break;
+		case 8:
+			what = "a campaign that the live lease refuses";
+			add(chg, "SELECT fence FROM dlock.campaign(%s, 'v9', '1 s', wait => '0')", key);
+			chg->expect = EXP_REFUSE;
+			chg->refuse_what = "a campaign for a key with a live leader";
+			break;
+		default:
+			what = "a renewal that extends the lease";
+			add(chg, "SELECT dlock.renew(%s, %s, '10 s') IS NOT NULL", key, owner);
+			break;
+	}
+	make_call(chg);
+	/* did the change do what it was meant to? */
+	if (change == 8)
+		as_meant = chg->sqlstate != NULL;
+	else if (change == 7)
+		as_meant = !chg->sqlstate && chg->ntuples == 0;
+	else if (change == 5)
+		as_meant = !chg->sqlstate && chg->value && strcmp(chg->value, "f") == 0;
+	else if (change == 2)
+		as_meant = !chg->sqlstate;
+	else
+		as_meant = !chg->sqlstate && chg->value && strcmp(chg->value, "t") == 0;
+	if (change == 2 && as_meant && chg->value)
+		f2 = atoll(chg->value);
+
+	make_call(obs);
+	if (as_meant && !obs->sqlstate)
+	{
+		observe_races++;
+		if (!reports && obs->ntuples != 0)
+			violation(obs, "observe() reported a change after %s, which changes nothing: %s",
+					  what, obs->value ? obs->value : "NULL");
+		else if (reports && obs->ntuples != 1)
+			violation(obs, "observe() missed %s: no row within its 5 s", what);
+		else if (reports)
+		{
+			char	   *want;
+			char	   *want2 = NULL;
+
+			switch (change)
+			{
+				case 0:
+					want = psprintf("held %lld v2", f);
+					break;
+				case 1:
+					want = psprintf("released %lld v1", f);
+					break;
+				case 2:
+					want = psprintf("released %lld v1", f);
+					want2 = psprintf("held %lld v3", f2);
+					break;
+				case 3:
+					want = pg_strdup("none");
+					break;
+				default:
+					want = psprintf("expired %lld v1", f);
+					break;
+			}
+			if (obs->value == NULL ||
+				(strcmp(obs->value, want) != 0 &&
+				 !(want2 && f2 > f && strcmp(obs->value, want2) == 0)))
+				violation(obs, "observe() after %s reported \"%s\", must report \"%s\"%s%s%s",
+						  what, obs->value ? obs->value : "NULL", want,
+						  want2 ? " or \"" : "", want2 ? want2 : "", want2 ? "\"" : "");
+			else if (chg->t_done - sent < 500 &&
+					 obs->t_done - chg->t_done > OBSERVE_SLACK_MS + (change == 4 ? 200 : 0))
+				violation(obs, "observe() reported %s %lld ms after it was made (a missed wake-up?)",
+						  what, (long long) (obs->t_done - chg->t_done));
+			free(want);
+			free(want2);
+		}
+	}
+	free_call(chg);
+	free_call(obs);
+	free(key);
+	free(owner);
+}
+
+/*
+ * forget() of a key while a fenced write under one of its permits is in
+ * progress: three permits of a fresh key; the ordinary role presents the
+ * third one's token and keeps its transaction open for 50 ms (sent
+ * without waiting); the superuser's forget() must then fail with 55P03,
+ * and (in table mode; memory mode's forget takes effect at once) change
+ * nothing: the first permits' leases stay.
+ */
+static void
+gen_forget_race(void)
+{
+	static long n = 0;
+	char	   *key;
+	long long	t[3];
+	int			got = 0;
+	Call	   *w;
+	Call	   *c;
+	int			i;
+
+	n++;
+	key = psprintf("'fz:f%ld:%llu'", n, (unsigned long long) run_seed);
+	for (i = 0; i < 3 && !stop; i++)
+	{
+		c = new_call("kinds", AS_USR, EXP_ANY);
+		c->api = true;
+		c->invariants = true;
+		add(c, "SELECT fence FROM dlock.try_acquire(%s, '10 s', permits => 3)", key);
+		make_call(c);
+		if (!c->sqlstate && c->ntuples == 1 && c->value)
+			t[got++] = atoll(c->value);
+		free_call(c);
+	}
+	if (got < 3 || stop)
+	{
+		free(key);
+		return;
+	}
+	w = new_call("forget-writer", AS_USR, EXP_ANY);
+	w->uses_dlock = true;
+	add(w, "BEGIN; SELECT dlock.use_fence(%s, %lld); SELECT pg_sleep(0.05); COMMIT", key, t[2]);
+	if (PQsendQuery(usr, w->stmt[0]))
+	{
+		w->async_sent = true;
+		pg_usleep(15000);
+	}
+	c = new_call("kinds-forget", AS_SU, EXP_ANY);
+	c->api = true;
+	c->invariants = true;
+	add(c, "SELECT dlock.forget(%s)", key);
+	call(c);
+	call(w);
+	free(key);
+}
+
+/*
+ * An acquire() that waits (for an exclusive lease, a permit or a shared
+ * lease) while the superuser holds a fresh key: sent without waiting; it
+ * must show in dlock.waiters (preloaded) as what it asks for, first in
+ * the key's line, and be granted soon after the superuser's release.
+ */
+static void
+gen_waiters_race(void)
+{
+	static long n = 0;
+	static const char *const asks[][2] = {
+		{"", "exclusive 1 1"},
+		{", permits => 3", "permit 3 1"},
+		{", mode => 'shared'", "shared 1"},
+		{", permits => 1, mode => 'exclusive'", "exclusive 1 1"},
+	};
+	int			a = rnd(lengthof(asks));
+	char	   *key;
+	char	   *owner = NULL;
+	char	   *sql;
+	Call	   *c;
+	Call	   *w;
+	int			i;
+	bool		seen = false;
+	int64		released;
+
+	n++;
+	key = psprintf("'fz:q%ld:%llu'", n, (unsigned long long) run_seed);
+	c = new_call("kinds", AS_SU, EXP_ANY);
+	c->api = true;
+	add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '10 s')", key);
+	make_call(c);
+	if (!c->sqlstate && c->ntuples == 1 && c->value2)
+		owner = psprintf("'%s'::uuid", c->value2);
+	free_call(c);
+	if (owner == NULL || stop)
+	{
+		free(key);
+		return;
+	}
+	w = new_call("waiter", AS_USR, EXP_ANY);
+	w->api = true;
+	w->uses_dlock = true;
+	w->invariants = true;
+	add(w, "SELECT fence FROM dlock.acquire(%s, '1 s', wait => '5 s'%s)", key, asks[a][0]);
+	if (!PQsendQuery(usr, w->stmt[0]))
+	{
+		call(w);
+		free(key);
+		free(owner);
+		return;
+	}
+	w->async_sent = true;
+	/* until it queues (a few ms; give up after 2 s under load) */
+	sql = psprintf("SELECT concat_ws(' ', mode, permits, position) FROM dlock.waiters "
+				   "WHERE key = %s AND pid = %d", key, PQbackendPID(usr));
+	for (i = 0; i < 100 && !seen; i++)
+	{
+		PGresult   *res = PQexec(dig, sql);
+
+		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		{
+			seen = true;
+			if (strcmp(PQgetvalue(res, 0, 0), asks[a][1]) != 0)
+				violation(w, "dlock.waiters shows a waiting acquire() as \"%s\", must show \"%s\" (mode, permits, position)",
+						  PQgetvalue(res, 0, 0), asks[a][1]);
+		}
+		PQclear(res);
+		if (!seen)
+			pg_usleep(20000);
+	}
+	free(sql);
+	c = new_call("kinds", AS_SU, EXP_ANY);
+	c->api = true;
+	add(c, "SELECT dlock.release(%s, %s)", key, owner);
+	make_call(c);
+	released = c->t_done;
+	if (c->sqlstate || c->value == NULL || strcmp(c->value, "t") != 0)
+		seen = false;			/* not released: nothing to wait for */
+	free_call(c);
+	make_call(w);
+	if (seen && !w->sqlstate && (w->ntuples != 1 || w->value_null))
+		violation(w, "an acquire() waiting for a released key was not granted");
+	else if (seen && !w->sqlstate && w->t_done - released > OBSERVE_SLACK_MS)
+		violation(w, "an acquire() waiting for a released key was granted %lld ms after the release (a missed wake-up?)",
+				  (long long) (w->t_done - released));
+	free_call(w);
+	free(key);
+	free(owner);
+}
+
+/*
+ * Fill one 512-byte key with shared leases, once per run: 1000 grants (in
+ * four statements of 250, so that no transaction holds too many locks)
+ * must all be granted, on permits 1 to 1000 (keys of 514 to 517 bytes);
+ * then no shared lease, no permit of 1000 and no exclusive lease is
+ * granted, and a stranger can neither release nor proclaim.
+ */
+static void
+gen_crowd(void)
+{
+	char	   *key = psprintf("rpad('crowd:%llu:', 512, 'c')", (unsigned long long) run_seed);
+	long		total = 0;
+	Call	   *c;
+	int			i;
+	char	   *sql;
+	PGresult   *res;
+
+	for (i = 0; i < 4 && !stop; i++)
+	{
+		c = new_call("crowd", chance(50) ? AS_SU : AS_USR, EXP_ANY);
+		c->api = true;
+		c->invariants = true;
+		/* the key depends on g: try_acquire is called for every row */
+		add(c, "SELECT count(*) FROM generate_series(1, 250) g, "
+			"LATERAL dlock.try_acquire(left(%s || g::text, 512), '60 s', holder => 'crowd', mode => 'shared')",
+			key);
+		make_call(c);
+		if (!c->sqlstate && c->value)
+			total += atol(c->value);
+		else if (c->sqlstate && strcmp(c->sqlstate, "57014") == 0)
+			total = -1;			/* statement_timeout, under load */
+		else if (c->sqlstate)
+			violation(c, "a crowd of shared leases on one key was refused");
+		free_call(c);
+		if (total < 0)
+			break;
+	}
+	if (stop)
+	{
+		free(key);
+		return;
+	}
+	if (total >= 0 && total != 1000)
+		violation(NULL, "1000 shared leases of one free 512-byte key granted %ld", total);
+	sql = psprintf("SELECT count(*) || ' ' || max(permit) FROM dlock.lease_status WHERE key = %s AND state = 'held'", key);
+	res = PQexec(dig, sql);
+	if (total >= 0 &&
+		(PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 ||
+		 strcmp(PQgetvalue(res, 0, 0), "1000 1000") != 0))
+		violation(NULL, "after 1000 shared leases of one 512-byte key, dlock.lease_status shows %s held (count, highest permit), must show 1000 1000",
+				  PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : PQerrorMessage(dig));
+	PQclear(res);
+	free(sql);
+	for (i = 0; i < 6 && total >= 0 && !stop; i++)
+	{
+		static const char *const full[] = {
+			"SELECT count(*) FROM dlock.try_acquire(%s, '1 s', mode => 'shared')",
+			"SELECT count(*) FROM dlock.try_acquire(%s, '1 s', permits => 1000)",
+			"SELECT count(*) FROM dlock.try_acquire(%s, '1 s')",
+			"SELECT fence FROM dlock.acquire(%s, '1 s', wait => '5 ms', mode => 'shared')",
+			"SELECT dlock.release(%s, gen_random_uuid())",
+			"SELECT dlock.proclaim(%s, gen_random_uuid(), 'crowd')",
+		};
+
+		c = new_call("crowd", AS_USR, i == 3 ? EXP_REFUSE : EXP_VALUE);
+		c->api = true;
+		c->invariants = true;
+		c->expect_value = i < 3 ? "0" : "f";
+		if (i == 3)
+			c->refuse_what = "a shared lease of a key with 1000 of them";
+		add(c, full[i], key);
+		call(c);
+	}
+	/* the superuser drops the key and its 1000 permits' rows */
+	c = new_call("crowd", AS_SU, EXP_ANY);
+	c->api = true;
+	c->invariants = true;
+	add(c, "SELECT dlock.forget(%s)", key);
+	make_call(c);
+	if (!c->sqlstate && (c->value == NULL || strcmp(c->value, "t") != 0))
+		violation(c, "forget() of a key with 1000 shared leases returned %s, must return true",
+				  c->value ? c->value : "NULL");
+	free_call(c);
+	free(key);
+}
+
+/*
+ * One call of the 0.7 API (issue 20): try_acquire and acquire with permits
+ * and modes, campaign, proclaim, leader, observe, renew and release of
+ * permits, writes under their tokens, the views, concurrent observes,
+ * dlock.notify, forget; on keys where permits, shared and exclusive leases
+ * and elections mix, on guard keys (held by the superuser for an hour:
+ * nothing may be granted on them, no stranger's proclaim accepted, and
+ * observe() must show them unchanged) and on hostile keys.
+ */
+static void
+gen_kinds(void)
+{
+	const char *key = kind_key();
+	KindKey    *kk = kind_of(key);
+	int			g = guard_index(key);
+	Who			who = chance(15) ? AS_SU : AS_USR;
+	int			f = rnd(100);
+	PQExpBufferData b;
+	Call	   *c;
+	bool		kept;
+
+	if (f >= 72)
+	{
+		if (f < 82)
+			gen_kind_write();
+		else if (f < 90)
+			gen_observe_race();
+		else if (f < 93)
+		{
+			/* dlock.notify for the superuser, LISTEN for the ordinary role */
+			static const char *const su_sets[] = {
+				"SET dlock.notify = on", "SET dlock.notify = off", "RESET dlock.notify",
+				"SET dlock.notify = on",
+			};
+			static const char *const usr_sets[] = {
+				"LISTEN dlock", "UNLISTEN dlock", "UNLISTEN *", "LISTEN dlock", "LISTEN \"Dlock\"",
+			};
+
+			c = chance(50) ? new_call("kinds-session", AS_SU, EXP_NOCHANGE) :
+				new_call("kinds-session", AS_USR, EXP_NOCHANGE);
+			add(c, "%s", c->who == AS_SU ? PICK(su_sets) : PICK(usr_sets));
+			call(c);
+		}
+		else if (f < 94 && chance(60))
+		{
+			/* the superuser drops a key with its permits */
+			const char *k = chance(80) ? kinds[rnd(NKIND)].key : pool_keys[rnd(NPOOL)];
+
+			c = new_call("kinds-forget", AS_SU, EXP_ANY);
+			c->api = true;
+			c->invariants = true;
+			add(c, "SELECT dlock.forget(%s)", k);
+			call(c);
+		}
+		else if (f < 94)
+			gen_forget_race();
+		else if (f < 95)
+			gen_waiters_race();
+		else
+		{
+			/* binary intervals: campaign's ttl, observe's and acquire's wait */
+			int			fn = rnd(3);
+
+			c = new_call("kinds-binary", who, EXP_ANY);
+			c->api = true;
+			c->invariants = true;
+			binary_interval(c);
+			if (fn == 0)
+				add(c, "SELECT fence FROM dlock.campaign(%s, 'b', $1, wait => '0')", key);
+			else
+			{
+				add(c, "BEGIN");
+				add(c, "SET LOCAL statement_timeout = '20ms'");
+				if (fn == 1)
+					add(c, "SELECT fence FROM dlock.observe(%s, 0, $1)", key);
+				else
+					add(c, "SELECT fence FROM dlock.acquire(%s, '20 ms', wait => $1, permits => 2)", key);
+				add(c, "COMMIT");
+				if (fn == 2)
+					note_ask(key, &permit_args[1], NULL);
+			}
+			if (g >= 0 && fn != 1)
+				c->expect = EXP_REFUSE;
+			call(c);
+		}
+		return;
+	}
+
+	initPQExpBuffer(&b);
+	c = new_call("kinds", who, EXP_ANY);
+	c->api = true;
+	c->invariants = true;
+	if (f < 22)
+	{
+		/* try_acquire with permits and a mode */
+		const PermitArg *pa = chance(85) ? pick_permits() : NULL;
+		const ModeArg *ma = pick_mode();
+
+		if (chance(15))
+			/* positional: key, ttl, holder, lock_delay, session_bound, permits, mode */
+			appendPQExpBuffer(&b, "SELECT fence, owner FROM dlock.try_acquire(%s, %s, %s, %s, %s, %s%s%s)",
+							  key, kind_ttl(key), chance(50) ? "NULL" : PICK(holders),
+							  chance(50) ? "NULL" : PICK(delays), chance(50) ? "false" : PICK(bools),
+							  pa ? pa->sql : "1", ma ? ", " : "", ma ? ma->sql : "");
+		else
+		{
+			appendPQExpBuffer(&b, "SELECT fence, owner FROM dlock.try_acquire(%s, %s", key, kind_ttl(key));
+			grant_options(&b);
+			if (pa)
+				appendPQExpBuffer(&b, ", permits => %s", pa->sql);
+			if (ma)
+				appendPQExpBuffer(&b, ", mode => %s", ma->sql);
+			appendPQExpBufferStr(&b, ")");
+		}
+		note_ask(key, pa, ma);
+		if (g >= 0)
+			c->expect = EXP_NOROWS;
+	}
+	else if (f < 29)
+	{
+		/* acquire with permits and a mode: a short wait, or statement_timeout */
+		const PermitArg *pa = chance(85) ? pick_permits() : NULL;
+		const ModeArg *ma = pick_mode();
+		bool		unlimited = chance(15);
+
+		appendPQExpBuffer(&b, "SELECT fence, owner FROM dlock.acquire(%s, %s, wait => %s", key,
+						  kind_ttl(key), unlimited ? (chance(50) ? "NULL" : "'1000000 years'") : PICK(waits));
+		grant_options(&b);
+		if (pa)
+			appendPQExpBuffer(&b, ", permits => %s", pa->sql);
+		if (ma)
+			appendPQExpBuffer(&b, ", mode => %s", ma->sql);
+		appendPQExpBufferStr(&b, ")");
+		note_ask(key, pa, ma);
+		if (g >= 0)
+			c->expect = EXP_REFUSE;
+		if (unlimited)
+		{
+			add(c, "BEGIN");
+			add(c, "SET LOCAL statement_timeout = '%dms'", 5 + (int) rnd(20));
+			add(c, "%s", b.data);
+			add(c, "COMMIT");
+			call_remember(c, key, true);
+			termPQExpBuffer(&b);
+			return;
+		}
+	}
+	else if (f < 38)
+	{
+		/* campaign: its wait defaults to none of its own, so always one */
+		const char *v = chance(70) ? "'v'" : PICK(elect_values);
+		bool		unlimited = chance(10);
+
+		if (chance(15))
+			appendPQExpBuffer(&b, "SELECT fence, owner FROM dlock.campaign(%s, %s, %s, %s, %s, %s, %s)",
+							  key, v, kind_ttl(key), unlimited ? "NULL" : PICK(waits),
+							  chance(50) ? "NULL" : PICK(holders), chance(50) ? "NULL" : PICK(delays),
+							  chance(50) ? "false" : PICK(bools));
+		else
+		{
+		{
+			bool		named = chance(20);
+
+			appendPQExpBuffer(&b, "SELECT fence, owner FROM dlock.campaign(%s%s, %s%s, %s%s, wait => %s",
+							  named ? "election => " : "", key, named ? "value => " : "", v,
+							  named ? "ttl => " : "", kind_ttl(key),
+							  unlimited ? "'1000000 years'" : PICK(waits));
+		}
+			grant_options(&b);
+			appendPQExpBufferStr(&b, ")");
+		}
+		if (g >= 0)
+			c->expect = EXP_REFUSE;
+		if (unlimited)
+		{
+			add(c, "BEGIN");
+			add(c, "SET LOCAL statement_timeout = '%dms'", 5 + (int) rnd(20));
+			add(c, "%s", b.data);
+			add(c, "COMMIT");
+			call_remember(c, key, true);
+			termPQExpBuffer(&b);
+			return;
+		}
+	}
+	else if (f < 47)
+	{
+		/* proclaim: by a remembered owner, another key's, a stranger */
+		int			i = kk ? remembered(kk) : -1;
+		KindKey    *other = &kinds[rnd(NKIND + NPOOL)];
+		int			j = remembered(other);
+		const char *o;
+
+		if (i >= 0 && chance(60))
+			o = kk->owner[i];
+		else if (j >= 0 && other != kk && chance(50))
+		{
+			o = other->owner[j];
+			c->expect = EXP_VALUE;	/* owners name one lease, of one key */
+		}
+		else
+		{
+			o = PICK(owners);
+			c->expect = EXP_VALUE;
+		}
+		appendPQExpBuffer(&b, "SELECT dlock.proclaim(%s, %s, %s)", key, o,
+						  chance(60) ? "'v2'" : PICK(elect_values));
+		if (g >= 0)
+			c->expect = EXP_VALUE;
+		c->expect_value = "f";
+		c->api = false;
+	}
+	else if (f < 54)
+	{
+		/* renew or release a remembered lease, or a stranger's */
+		int			i = kk ? remembered(kk) : -1;
+		const char *o = i >= 0 && chance(70) ? kk->owner[i] : PICK(owners);
+		bool		renew = chance(40);
+
+		if (renew)
+			appendPQExpBuffer(&b, "SELECT dlock.renew(%s, %s, %s)", key, o, kind_ttl(key));
+		else
+			appendPQExpBuffer(&b, "SELECT dlock.release(%s, %s)", key, o);
+		if (g >= 0 || i < 0 || o != kk->owner[i])
+		{
+			c->expect = EXP_VALUE;
+			c->expect_value = renew ? NULL : "f";
+		}
+	}
+	else if (f < 59)
+	{
+		/* leader */
+		static const char *const forms[] = {
+			"SELECT fence, value FROM dlock.leader(%s)",
+			"SELECT count(*) FROM dlock.leader(election => %s)",
+			"SELECT since <= expires_at FROM dlock.leader(%s)",
+			"SELECT (dlock.leader(%s)).fence",
+		};
+
+		appendPQExpBuffer(&b, PICK(forms), key);
+		c->expect = EXP_NOCHANGE;
+		c->api = false;
+		if (g >= 0)
+		{
+			/* the guard leads, without a value */
+			termPQExpBuffer(&b);
+			initPQExpBuffer(&b);
+			appendPQExpBuffer(&b, "SELECT fence FROM dlock.leader(%s)", key);
+			c->expect = EXP_VALUE;
+			c->expect_value = psprintf("%lld", guard_fence[g]);
+		}
+	}
+	else if (f < 68)
+	{
+		/* observe, with short waits (or statement_timeout) */
+		int			cmp;
+		char	   *after = kind_after(key, &cmp);
+		bool		unlimited = chance(12);
+		bool		seen = chance(40);
+		const char *sv = seen ? (chance(50) ? "'v'" : PICK(elect_values)) : NULL;
+		const char *se = chance(30) ? PICK(bools) : NULL;
+
+		appendPQExpBuffer(&b, "SELECT fence, state FROM dlock.observe(%s, %s, %s", key, after,
+						  unlimited ? (chance(50) ? "NULL" : "'1000000 years'") : PICK(observe_waits));
+		if (sv || se)
+			appendPQExpBuffer(&b, ", %s", sv ? sv : "NULL");
+		if (se)
+			appendPQExpBuffer(&b, ", %s", se);
+		appendPQExpBufferStr(&b, ")");
+		c->expect = EXP_NOCHANGE;
+		c->api = false;
+		if (g >= 0 && cmp < 0)
+		{
+			/* a token below the guard's: its lease, at once */
+			c->expect = EXP_VALUE;
+			c->expect_value = psprintf("%lld", guard_fence[g]);
+		}
+		else if (g >= 0 && cmp > 0 && (sv == NULL || strcmp(sv, "NULL") == 0))
+			c->expect = EXP_NOROWS;		/* nothing happens to a guard */
+		free(after);
+		if (unlimited)
+		{
+			add(c, "BEGIN");
+			add(c, "SET LOCAL statement_timeout = '%dms'", 5 + (int) rnd(20));
+			add(c, "%s", b.data);
+			add(c, "COMMIT");
+			call(c);
+			termPQExpBuffer(&b);
+			return;
+		}
+	}
+	else
+	{
+		/* the views, with the permits */
+		static const char *const views[] = {
+			"SELECT count(*), max(permit), count(*) FILTER (WHERE state = 'held') FROM dlock.lease_status WHERE key = %s",
+			"SELECT string_agg(coalesce(permit::text, 'x') || state, ',' ORDER BY permit) FROM dlock.lease_status() WHERE key = %s",
+			"SELECT count(*) FROM dlock.stats WHERE key = %s OR key LIKE 'fz:%%'",
+			"SELECT count(*) FROM dlock.leases WHERE key >= %s AND slots IS NOT NULL",
+			"SELECT value, slots FROM dlock.leases WHERE key = %s",
+			"SELECT count(*), max(position) FROM dlock.waiters WHERE key = %s",
+			"SELECT string_agg(mode || coalesce(permits::text, ''), ',') FROM dlock.waiters() WHERE key >= %s",
+		};
+
+		appendPQExpBuffer(&b, PICK(views), key);
+		c->expect = EXP_NOCHANGE;
+		c->api = false;
+	}
+	kept = kind_wrap(c, b.data, key);
+	termPQExpBuffer(&b);
+	/* a leader or observe value string is the call's to free */
+	if (c->expect_value && (f >= 54 && f < 68))
+	{
+		char	   *v = (char *) c->expect_value;
+
+		make_call(c);
+		free(v);
+		free_call(c);
+		return;
+	}
+	call_remember(c, key, kept);
+}
+
+/*
+ * --sweep, 0.7 (issue 20): every permits => and every mode => through
+ * try_acquire of the kind keys and of a guard key (where nothing may be
+ * granted); every election value through campaign of a fresh key, its
+ * leader's proclaim and a stranger's proclaim of a guard key; every
+ * after_fence and every observe wait on a guard key; every hostile key
+ * through two of campaign, a stranger's proclaim, leader, observe, a
+ * permit and a shared lease; then permits and shared leases of two kind
+ * keys, which the never-issued tokens of the sweep meet, and a key
+ * crowded with 1000 shared leases.
+ */
+static void
+gen_kinds_sweep(void)
+{
+	const char *gk = guard_keys[0];
+	int			i;
+	Call	   *c;
+
+	for (i = 0; i < (int) lengthof(permit_args) + (int) lengthof(mode_args) && !stop; i++)
+	{
+		bool		p = i < (int) lengthof(permit_args);
+		const PermitArg *pa = p ? &permit_args[i] : NULL;
+		const ModeArg *ma = p ? NULL : &mode_args[i - lengthof(permit_args)];
+		const char *k = kinds[i % NKIND].key;
+		int			j;
+
+		for (j = 0; j < 2; j++)
+		{
+			c = new_call("kinds", AS_USR, j == 0 ? EXP_ANY : EXP_NOROWS);
+			c->api = true;
+			c->invariants = true;
+			c->strict_seq = true;
+			add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '1 s', %s => %s)",
+				j == 0 ? k : gk, p ? "permits" : "mode", p ? pa->sql : ma->sql);
+			if (j == 0)
+				note_ask(k, pa, ma);
+			call_remember(c, k, j == 0);
+		}
+	}
+	for (i = 0; i < (int) lengthof(elect_values) && !stop; i++)
+	{
+		char	   *k = psprintf("'fz:e%d:%llu'", i, (unsigned long long) run_seed);
+		char	   *owner = NULL;
+
+		c = new_call("kinds", AS_USR, EXP_ANY);
+		c->api = true;
+		c->invariants = true;
+		c->strict_seq = true;
+		add(c, "SELECT fence, owner FROM dlock.campaign(%s, %s, '1 s', wait => '0')", k, elect_values[i]);
+		make_call(c);
+		if (!c->sqlstate && c->ntuples == 1 && c->value2)
+			owner = psprintf("'%s'::uuid", c->value2);
+		free_call(c);
+		c = new_call("kinds", AS_USR, owner ? EXP_ANY : EXP_VALUE);
+		c->expect_value = "f";
+		c->invariants = true;
+		add(c, "SELECT dlock.proclaim(%s, %s, %s)", owner ? k : gk,
+			owner ? owner : "gen_random_uuid()", elect_values[(i + 1) % lengthof(elect_values)]);
+		call(c);
+		free(owner);
+		free(k);
+	}
+	for (i = 0; i < (int) lengthof(after_fences) + (int) lengthof(observe_waits) && !stop; i++)
+	{
+		bool		a = i < (int) lengthof(after_fences);
+
+		c = new_call("kinds", AS_USR, a ? EXP_NOCHANGE : EXP_NOROWS);
+		c->refuse_what = "observe() of a guard key reported a change";
+		c->invariants = true;
+		if (a)
+			add(c, "SELECT fence FROM dlock.observe(%s, %s, '0')", gk, after_fences[i]);
+		else
+			add(c, "SELECT fence FROM dlock.observe(%s, %lld, %s)", gk, guard_fence[0],
+				observe_waits[i - lengthof(after_fences)]);
+		call(c);
+	}
+	for (i = 0; i < 2 * (int) lengthof(hostile_keys) && !stop; i++)
+	{
+		static const char *const fns[] = {
+			"SELECT fence FROM dlock.campaign(%s, 'v', '1 s', wait => '0')",
+			"SELECT dlock.proclaim(%s, gen_random_uuid(), 'v')",
+			"SELECT fence FROM dlock.leader(%s)",
+			"SELECT fence FROM dlock.observe(%s, 0, '0')",
+			"SELECT fence FROM dlock.try_acquire(%s, '1 s', permits => 2)",
+			"SELECT fence FROM dlock.try_acquire(%s, '1 s', mode => 'shared')",
+		};
+		int			k = i % lengthof(hostile_keys);
+		int			fn = (k + (i < (int) lengthof(hostile_keys) ? 0 : 3)) % lengthof(fns);
+
+		c = new_call("kinds", AS_USR, fn == 1 ? EXP_VALUE : fn == 2 || fn == 3 ? EXP_NOCHANGE : EXP_ANY);
+		c->expect_value = "f";
+		c->api = fn != 1 && fn != 2 && fn != 3;
+		c->invariants = true;
+		c->strict_seq = true;
+		add(c, fns[fn], hostile_keys[k]);
+		call(c);
+	}
+	/* live permits and shared leases for the never-issued tokens */
+	for (i = 0; i < 3 && !stop; i++)
+	{
+		const char *k = kinds[i == 2 ? 4 : 3 * i].key;
+
+		c = new_call("kinds", AS_USR, EXP_ANY);
+		c->api = true;
+		c->invariants = true;
+		add(c, "SELECT fence, owner FROM dlock.try_acquire(%s, '30 s', %s)", k,
+			i == 2 ? "mode => 'shared'" : "permits => 3");
+		note_ask(k, i == 2 ? NULL : &permit_args[2], i == 2 ? &mode_args[1] : NULL);
+		call_remember(c, k, true);
+	}
+	gen_crowd();
 }
 
 /*
@@ -2676,16 +4492,21 @@ gen_never_issued(void)
 static void
 gen_sweep(void)
 {
-	int			nkeys = NPOOL + NGUARD + lengthof(hostile_keys);
+	int			nhostile = NPOOL + NGUARD + lengthof(hostile_keys);
+	/* since 0.7 also two kind keys, with permits and shared leases */
+	int			nkeys = nhostile + (has_kinds ? 2 : 0);
 	int			k;
 	int			si;
 	int			fi;
 
+	if (has_kinds)
+		gen_kinds_sweep();
 	for (k = 0; k < nkeys && !stop; k++)
 	{
 		const char *key = k < NPOOL ? pool_keys[k] :
 		k < NPOOL + NGUARD ? guard_keys[k - NPOOL] :
-		hostile_keys[k - NPOOL - NGUARD];
+		k < nhostile ? hostile_keys[k - NPOOL - NGUARD] :
+		kinds[k == nhostile ? 3 : 4].key;
 		long long	last = last_token();
 		int			t;
 		int			surf;
@@ -2705,6 +4526,8 @@ gen_sweep(void)
 	for (si = 0; si < (int) lengthof(wrap_settings) && !stop; si++)
 		for (fi = 0; fi < (int) lengthof(wrap_fns) && !stop; fi++)
 		{
+			if (!wrap_exists(si, fi))
+				continue;
 			wrap_case(si, fi, 0, (si + fi) % 4 == 0 ? AS_SU : AS_USR);
 			if (wrap_fns[fi].held)
 				wrap_case(si, fi, 1 + (si + fi) % 2, AS_USR);
@@ -2770,13 +4593,47 @@ gen_horizon(void)
 		call(c);
 	}
 
+	/*
+	 * 0.7: nor a permit, a shared lease or a leader; nobody leads, nothing
+	 * is observed (the key's state is not known), no proclaim is accepted
+	 */
+	for (k = 0; has_kinds && k < NKIND + NPOOL; k++)
+	{
+		static const struct
+		{
+			Expect		expect;
+			const char *sql;
+			const char *what;
+		}			checks[] = {
+			{EXP_NOROWS, "SELECT fence FROM dlock.try_acquire(%s, '1 s', permits => 3)", "a permit granted during the horizon"},
+			{EXP_NOROWS, "SELECT fence FROM dlock.try_acquire(%s, '1 s', mode => 'shared')", "a shared lease granted during the horizon"},
+			{EXP_REFUSE, "SELECT fence FROM dlock.acquire(%s, '1 s', wait => '1 ms', permits => 2)", "a permit granted during the horizon"},
+			{EXP_REFUSE, "SELECT fence FROM dlock.campaign(%s, 'v', '1 s', wait => '0')", "an election won during the horizon"},
+			{EXP_NOROWS, "SELECT fence FROM dlock.leader(%s)", "a leader shown during the horizon"},
+			{EXP_NOROWS, "SELECT state FROM dlock.observe(%s, 0, '0')", "a state observed during the horizon"},
+			{EXP_VALUE, "SELECT dlock.proclaim(%s, gen_random_uuid(), 'v')", NULL},
+		};
+		int			i;
+
+		for (i = 0; i < (int) lengthof(checks) && BEFORE_HORIZON(); i++)
+		{
+			c = new_call("horizon-kinds", AS_USR, checks[i].expect);
+			c->api = true;
+			c->uses_dlock = true;
+			c->refuse_what = checks[i].what;
+			c->expect_value = "f";
+			add(c, checks[i].sql, kinds[k].key);
+			call(c);
+		}
+	}
+
 	/* the first pool key (held before the restart) through every wrapper */
 	for (si = 0; si < (int) lengthof(wrap_settings); si++)
 		for (fi = 0; fi < (int) lengthof(wrap_fns); fi++)
 		{
 			const WrapFn *wf = &wrap_fns[fi];
 
-			if (!wf->token || !BEFORE_HORIZON())
+			if (!wf->token || !wrap_exists(si, fi) || !BEFORE_HORIZON())
 				continue;
 			c = new_call("horizon-wrapped", wrap_settings[si].su_only ? AS_SU : AS_USR,
 						 strcmp(wf->name, "check") == 0 ? EXP_VALUE : EXP_REFUSE);
@@ -2829,6 +4686,9 @@ setup(uint64 seed)
 	char	   *sql;
 
 	must(dig, "CREATE EXTENSION IF NOT EXISTS dlock");
+	has_kinds = strcmp(must_value(dig, "SELECT to_regproc('dlock.campaign') IS NOT NULL"), "t") == 0;
+	memory_mode = strcmp(must_value(dig, "SELECT coalesce(current_setting('dlock.storage', true), '')"),
+						 "memory") == 0;
 	sql = psprintf("DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '%s') "
 				   "THEN CREATE ROLE %s LOGIN; END IF; END$$", role, role);
 	must(dig, sql);
@@ -2888,6 +4748,16 @@ setup(uint64 seed)
 	/* keys, guards and their rows */
 	for (i = 0; i < NPOOL; i++)
 		pool_keys[i] = psprintf("'fz:k%d'", i);
+	for (i = 0; i < NKIND + NPOOL; i++)
+	{
+		static const char *const kind_keys[NKIND] = {
+			"'fz:p0'", "'fz:p1'", "'fz:p2'", "repeat('p', 512)",
+			"repeat('q', 510) || E'\\u00e9'", "repeat(E'\\U0001F601', 128)",
+		};
+
+		kinds[i].key = i < NKIND ? kind_keys[i] : pool_keys[i - NKIND];
+		kinds[i].max_permits = 1;
+	}
 	for (i = 0; i < NGUARD; i++)
 	{
 		char	   *v;
@@ -2937,7 +4807,8 @@ setup(uint64 seed)
 		int			j;
 
 		for (j = 0; j < (int) lengthof(wrap_fns); j++)
-			appendPQExpBuffer(&t, "CREATE FUNCTION fz.w_%s_%s(k text, o uuid, t interval, f bigint) "
+			if (wrap_exists(i, j))
+				appendPQExpBuffer(&t, "CREATE FUNCTION fz.w_%s_%s(k text, o uuid, t interval, f bigint) "
 							  "RETURNS %s LANGUAGE sql SET %s AS $w$%s$w$;\n",
 							  wrap_settings[i].name, wrap_fns[j].name,
 							  wrap_fns[j].rettype, wrap_settings[i].set,
@@ -2951,7 +4822,8 @@ setup(uint64 seed)
 	{
 		PGresult   *res;
 
-		sql = psprintf("SELECT octet_length(%s) BETWEEN 1 AND 512", hostile_keys[i]);
+		sql = psprintf("SELECT octet_length(k) BETWEEN 1 AND 512%s FROM (SELECT %s AS k) s",
+					   has_kinds ? " AND strpos(k, chr(31)) = 0" : "", hostile_keys[i]);
 		res = PQexec(dig, sql);
 		hostile_valid[i] = PQresultStatus(res) == PGRES_TUPLES_OK &&
 			PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
@@ -3145,6 +5017,7 @@ main(int argc, char **argv)
 	long		ncalls = 1000;
 	uint64		seed;
 	bool		seeded = false;
+
 	int			opt;
 	int			i;
 	int64		start;
@@ -3272,33 +5145,29 @@ main(int argc, char **argv)
 		gen_sweep();
 		ncalls += calls_made;	/* --calls counts the random calls */
 	}
+	check_invariants(NULL);
 	while (calls_made < ncalls && !stop)
 	{
+		/* calls in a hundred of each generator; since 0.7 the kinds too */
+		static const int mix06[] = {30, 22, 8, 6, 1, 7, 1, 3, 2, 0, 20};
+		static const int mix07[] = {26, 20, 7, 5, 1, 6, 1, 3, 2, 12, 17};
+		static void (*const gen[]) (void) = {
+			gen_api, gen_write, gen_odd, gen_template, gen_parallel,
+			gen_session, gen_reconnect, gen_never_issued, gen_wrapped,
+			gen_kinds, gen_attack,
+		};
+		const int  *mix = has_kinds ? mix07 : mix06;
 		int			r = rnd(100);
+		int			g;
 
 		if (calls_made % 500 == 499)
 			maintain();
-		if (r < 30)
-			gen_api();
-		else if (r < 52)
-			gen_write();
-		else if (r < 60)
-			gen_odd();
-		else if (r < 66)
-			gen_template();
-		else if (r < 67)
-			gen_parallel();
-		else if (r < 74)
-			gen_session();
-		else if (r < 75)
-			gen_reconnect();
-		else if (r < 78)
-			gen_never_issued();
-		else if (r < 80)
-			gen_wrapped();
-		else
-			gen_attack();
+		for (g = 0; r >= mix[g]; g++)
+			r -= mix[g];
+		gen[g] ();
 	}
+	if (!stop)
+		check_invariants(NULL);
 	check_server_log(false);
 
 	/* the histograms */
@@ -3325,7 +5194,11 @@ main(int argc, char **argv)
 		   forgeries_refused, stale_refused, accepted_writes);
 	printf("never-issued tokens (and tokens during the horizon) refused: %ld, wrapped calls compared with direct ones: %ld\n",
 		   tokens_refused, wrapped_cases);
-	printf("time spent reading the state: %.1f s; in calls:", digest_ms / 1000.0);
+	if (has_kinds)
+		printf("permits, shared leases and elections: %ld calls, %ld leases granted to known owners, %ld observe races checked, %ld invariant checks, %ld notifications\n",
+			   kinds_calls, kinds_leases, observe_races, invariant_checks, notifications);
+	printf("time spent reading the state: %.1f s (and checking invariants: %.1f s); in calls:",
+		   digest_ms / 1000.0, invariants_ms / 1000.0);
 	for (i = 0; i < ntimes; i++)
 		printf(" %s %.1f s", times[i].name, times[i].n / 1000.0);
 	printf("\n");

@@ -34,7 +34,18 @@
 #    key (an 8 s lease granted before the restart): no key is granted, and
 #    every token presented, the real ones included, is refused with LF001
 #    through every surface and every wrapper, until shortly before the
-#    horizon passes (--horizon).
+#    horizon passes (--horizon); nor is a permit, a shared lease or a
+#    leader granted, nor anything observed (0.7).
+# e. The 0.7 API (issue 20) in all of a, c and d: try_acquire/acquire
+#    with permits and modes, campaign, proclaim, leader, observe (also
+#    while the key changes, which it must report), dlock.notify, with the
+#    same hostile arguments; after each such call the invariants of
+#    permits and shared leases hold (no token names two leases, no
+#    exclusive lease live with, or overlapping in time, a permit or shared
+#    lease of its key, no more live permits than the largest permits => N
+#    asked, ...), and the sweeps fill a 512-byte key with 1000 shared
+#    leases.  The check goes red on a forged state: an exclusive lease
+#    over two live permits with one of their tokens.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -70,7 +81,7 @@ log_min_messages = warning
 log_min_error_statement = panic
 });
 my $log = $node->logfile;
-for my $db (qw(fuzz1 fuzz2 fuzz3 fuzz4 fuzz5 fuzz6))
+for my $db (qw(fuzz1 fuzz2 fuzz3 fuzz4 fuzz5 fuzz6 fuzz7))
 {
 	$node->safe_psql('postgres',
 		"CREATE DATABASE $db TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'");
@@ -155,6 +166,24 @@ ok($out1 =~ /attacks refused: (\d+), stale writes refused: (\d+), writes under t
 is($node->safe_psql('postgres',
 		"SELECT count(*) FROM pg_prepared_xacts"), '0', 'no prepared transaction left');
 
+# ---- e: the 0.7 API ran, and its checks with it ----------------------------
+# (violations failed the runs above; here: that there were enough calls)
+sub kinds_counts
+{
+	my ($out) = @_;
+	return $out =~ /^permits, shared leases and elections: (\d+) calls, (\d+) leases granted to known owners, (\d+) observe races checked, (\d+) invariant checks, (\d+) notifications$/m
+	  ? ($1, $2, $3, $4, $5) : (0, 0, 0, 0, 0);
+}
+for my $run ([ 'fixed seed', $out1, 1000, 60, 40, 1000 ],
+	[ 'random seed', $out2, 700, 40, 25, 700 ])
+{
+	my ($what, $out, $calls, $leases, $races, $checks) = @$run;
+	my ($c, $l, $r, $i, $n) = kinds_counts($out);
+	ok($c > $calls && $l > $leases && $r > $races && $i > $checks,
+		"$what: the 0.7 API called ($c calls, $l leases to known owners, $r observe races, $i invariant checks)");
+}
+ok((kinds_counts($out1))[4] > 0, 'fixed seed: NOTIFYs of dlock received and checked');
+
 # ---- c: never-issued tokens and wrappers, in both storage modes -----------
 # (their violations, if any, failed the runs above; here: that they ran)
 sub sweep_counts
@@ -172,6 +201,11 @@ cmp_ok(calls_made($outm), '>=', $memory_calls, 'memory mode: all calls made');
 ($refused, $wrapped) = sweep_counts($outm);
 cmp_ok($refused, '>', 1500, 'memory mode: never-issued tokens presented and refused');
 cmp_ok($wrapped, '>', 200, 'memory mode: wrapped calls compared with direct calls');
+{
+	my ($c, $l, $r, $i) = kinds_counts($outm);
+	ok($c > 300 && $l > 15 && $r > 3 && $i > 300,
+		"memory mode: the 0.7 API called ($c calls, $l leases to known owners, $r observe races, $i invariant checks)");
+}
 
 # ---- d: every token refused during the horizon after a restart ------------
 my $last = $mem->safe_psql('mhorizon', q{
@@ -228,15 +262,38 @@ like($e, qr/VIOLATION: attack succeeded.*\n.*dlock\.(leases|fence_seq)/,
 like($e, qr/VIOLATION: dlock\.fence_seq moved from \d+ to \d+\n.*nextval.*\/ 0/,
 	'red: a refused call that moved the sequence is named');
 
+# the invariants of permits: an exclusive lease forged over two live
+# permits of its key, with the first permit's token
+$node->safe_psql('fuzz7', q{
+	CREATE EXTENSION dlock;
+	SELECT count(*) FROM dlock.try_acquire('fz:p0', '1 hour', permits => 2);
+	SELECT count(*) FROM dlock.try_acquire('fz:p0', '1 hour', permits => 2);
+	UPDATE dlock.leases h SET owner = gen_random_uuid(), fence = s.fence,
+		granted_at = now(), expires_at = now() + interval '1 hour'
+	FROM dlock.leases s WHERE h.key = 'fz:p0' AND s.key = E'fz:p0\x1f1';
+});
+($o, $e) = ('', '');
+$h = start_fuzz('fuzz7', 'dlock_fuzz7', 5, 50, \$o, \$e);
+$h->finish;
+isnt($? >> 8, 0, 'red: a forged exclusive lease over live permits fails the run');
+like($e, qr/VIOLATION: invariant: a token names two leases.*\n(?:.*\n)*VIOLATION: invariant: an exclusive lease is live together with a permit.*'fz:p0'\n(?:.*\n)*VIOLATION: invariant: an exclusive lease and a permit .* overlapped in time: 'fz:p0':.*\n(?:.*\n)*VIOLATION: invariant: more live permits than the largest permits => N asked: 'fz:p0': 2 live/,
+	'red: the broken invariants are named');
+
 # a backend killed during the run: the server restarts (the digest
-# connection's backend: it is never reconnected, so its pid stays ours)
+# connection's backend: it is never reconnected, so its pid stays ours).
+# Once the run is past its setup, which ends with the ordinary role's
+# connection: a kill during the setup (slow under load) would only make it
+# give up (exit 2), not name the crash.
 ($o, $e) = ('', '');
 $h = start_fuzz('fuzz6', 'dlock_fuzz6', 3, 20000, \$o, \$e);
 my $pid = '';
 foreach my $i (1 .. 600)
 {
-	$pid = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE application_name = 'dlock-fuzz-digest' AND datname = 'fuzz6'");
+	$pid = $node->safe_psql('postgres', q{
+		SELECT pid FROM pg_stat_activity
+		WHERE application_name = 'dlock-fuzz-digest' AND datname = 'fuzz6'
+		  AND EXISTS (SELECT FROM pg_stat_activity
+					  WHERE application_name = 'dlock-fuzz-usr' AND datname = 'fuzz6')});
 	last if $pid =~ /^\d+$/;
 	usleep(100_000);
 }
