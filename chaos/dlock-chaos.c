@@ -1004,7 +1004,7 @@ failed:
 #define EW_STALE_HOLD 4			/* --sabotage=stale-reader: no
 								 * dlock.fenced, a transaction held open */
 
-/* the semaphore workload's history (do_el_write writes it too) */
+/* the semaphore workload's writes (do_el_write, sabotage_overcommit) */
 #define SEM_INSERT_FENCED "INSERT INTO dlock_chaos_semaphore (k, fence, worker, op, seq) SELECT $1, $2::bigint, $3::int, $4::int, $5::int WHERE dlock.fenced($6, $2::bigint)"
 #define SEM_INSERT "INSERT INTO dlock_chaos_semaphore (k, fence, worker, op, seq) VALUES ($1, $2, $3, $4, $5)"
 #define SEM_DONE "UPDATE dlock_chaos_semaphore SET done_at = clock_timestamp() WHERE worker = $1::int AND op = $2::int"

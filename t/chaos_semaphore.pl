@@ -41,7 +41,7 @@
 #    as 1, with permits certainly live when a crash-restart began (the
 #    horizon's case for the count of live permits).
 #
-# About 90 s on 2 shared cores.  DLOCK_CHAOS_SEED sets the seed of the
+# About 80 s on 2 shared cores.  DLOCK_CHAOS_SEED sets the seed of the
 # runs of 1 and 3 (default 42).
 use strict;
 use warnings;
