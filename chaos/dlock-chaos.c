@@ -517,6 +517,9 @@ typedef struct Lease
 								 * (exclusive); copied into its records */
 	int64		other_fence;	/* semaphore, --sabotage=stale-reader: the
 								 * exclusive lease whose write to wait for */
+	int64		grant_inv;		/* semaphore: its grant was invoked (the
+								 * checker's certainly-live bound starts
+								 * there) */
 } Lease;
 
 static FILE *oplog;
@@ -709,6 +712,7 @@ do_sem_grant(PGconn *conn, Lease *l, int key, int kind, int permits,
 	params[5] = waitbuf;
 	op_begin(&r, OP_GRANT, l);
 	l->grant_op = r.op;
+	l->grant_inv = r.t_inv;
 	if (wait_ms >= 0)
 	{
 		r.flags |= F_WAIT;
@@ -2013,6 +2017,8 @@ sabotage_stale_reader(PGconn *conn, Lease *l, bool *done)
  * live), and grant N permits of the key on this connection at once, then
  * release them.  The check must report more than N permits live at one
  * moment, and the holder refused while its lease was certainly live.
+ * "Certainly live" is judged from the grant's invocation (+ TTL): after a
+ * grant that waited, there may be no time left for it (then, not now).
  */
 static int
 sabotage_sem_steal(PGconn *conn, Lease *l, bool *done)
@@ -2027,14 +2033,16 @@ sabotage_sem_steal(PGconn *conn, Lease *l, bool *done)
 				j;
 	bool		forgotten;
 
+	if (now_us() > l->grant_inv + (int64) l->ttl_ms * 1000 - 60000)
+		return RC_BUSY;
 	key_name(keybuf, sizeof(keybuf), l->key);
 	rc = run(conn, "SELECT dlock.forget($1)", 1, params, &res, state, my_worker);
 	forgotten = rc == RC_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	PQclear(res);
 	if (rc != RC_OK)
 		return rc;
-	/* the lease is certainly still live: the client-side bound is its end */
-	if (!forgotten || now_us() > l->deadline - 20000)
+	/* the lease is certainly still live, as the checker judges it */
+	if (!forgotten || now_us() > l->grant_inv + (int64) l->ttl_ms * 1000 - 20000)
 		return RC_BUSY;
 	rc = do_renew(conn, l);
 	if (rc == RC_LOST || rc == RC_OTHER)
