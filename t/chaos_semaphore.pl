@@ -27,7 +27,7 @@
 # 2. Not vacuous: the same workload without dlock.fenced in the writes
 #    (--no-fence, 6 s) must exit 1 with stale and superseded writes and
 #    writes after a later excluding grant; and each semaphore check fires
-#    when its property is really broken (--sabotage, 3-5 s, the nemesis
+#    when its property is really broken (--sabotage, 4-5 s, the nemesis
 #    nearly idle): borrow (a write under another client's permit through
 #    dlock.fenced, which the server accepts: tokens are not secrets),
 #    overcommit (4 permits taken with permits => 4 and written under at
@@ -120,21 +120,22 @@ is($node->safe_psql('postgres', 'SELECT 1'), '1', 'server up after the run');
 }
 
 # One semaphore key and one shared/exclusive key, the nemesis nearly idle
-# (at most one SIGSTOP or termination), so that it cannot cut the
-# sabotage off.  2 clients (one of them a reader) unless said otherwise.
+# (one SIGSTOP or termination, half a second in), so that it cannot cut
+# the sabotage off; a SIGSTOP may delay it by up to 1.5 s.  2 clients (one
+# of them a reader) unless said otherwise.
 my @quiet = (@semaphore, '--keys' => 1, '--nemesis-every' => 60000);
 my @sabotages = (
 	[
-		'borrow', [ '--duration' => 4, '--workers' => 3, @quiet ],
+		'borrow', [ '--duration' => 5, '--workers' => 3, @quiet ],
 		'write accepted under a token its client was not granted'
 	],
 	[
-		'overcommit', [ '--duration' => 3, @quiet ],
+		'overcommit', [ '--duration' => 4, @quiet ],
 		'writes under more than N permits accepted at one moment (server clock)',
 		'more than N permits of a key live at one moment (server clock)'
 	],
 	[
-		'lost-renewal', [ '--duration' => 3, @quiet ],
+		'lost-renewal', [ '--duration' => 4, @quiet ],
 		'write accepted after its lease expired',
 		'write accepted after its lease expired (server clock)'
 	],
@@ -145,7 +146,7 @@ my @sabotages = (
 		"an exclusive lease's write and another lease's accepted at overlapping moments (server clock)"
 	],
 	[
-		'steal', [ '--duration' => 3, @quiet ],
+		'steal', [ '--duration' => 4, @quiet ],
 		'more than N permits of a key live at one moment (server clock)',
 		'acknowledged lease lost (its holder refused while it was certainly live)'
 	]);
