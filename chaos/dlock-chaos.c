@@ -55,6 +55,19 @@
  * backwards, never older than what was acknowledged, never a value nobody
  * proclaimed in that epoch.
  *
+ * --workload semaphore (issue 20): clients take one of the N permits
+ * (permits => N) of a few keys, renew, write rows WHERE dlock.fenced(key,
+ * their permit's token) into a history that records the server's
+ * clock_timestamp() (and, for a transaction held open, done_at), and
+ * release; a fifth of them (readers) take shared leases of other keys, of
+ * which the others take the exclusive lease now and then.  The same
+ * nemesis and the same checks of tokens, expiry and durability, with the
+ * semaphore's own on top: every accepted write's token was granted to its
+ * writer; by the server's clock, never more than N permits' writes open
+ * at one moment, never more than N permits live; an exclusive lease's
+ * writes never overlap another lease's, and no write ends after a later
+ * grant that excludes its lease.
+ *
  * chaos/dlock-chaos.c
  *
  *-------------------------------------------------------------------------
@@ -72,6 +85,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lib/stringinfo.h"
 #include "libpq-fe.h"
 
 #define MAX_WORKERS 64
@@ -138,6 +152,11 @@
 #define F_ST_EXPIRED	0x4000000	/* expired */
 #define F_ST_NONE		0x8000000	/* none: no lease of the key */
 
+/* the semaphore workload's records: the kind of lease (neither: exclusive) */
+#define F_PERMITS		0x10000000	/* one of the key's permits */
+#define F_SHARED		0x20000000	/* a shared lease */
+#define F_KIND_MASK		(F_PERMITS | F_SHARED)
+
 /* One operation of one worker; written to the worker's log as is. */
 typedef struct ChaosOp
 {
@@ -200,6 +219,12 @@ static bool election = false;	/* --workload election */
 static int	nobservers = -1;	/* --observers (election), -1 until set */
 static int	ncampaigners;		/* the other workers (election) */
 static const char *kp = "k";	/* keys in messages: k<n>, or e<n> */
+static bool semaphore = false;	/* --workload semaphore */
+static int	npermits = 3;		/* --permits (semaphore) */
+static bool permits_given = false;
+static int	nreaders = -1;		/* --readers (semaphore), -1 until set */
+static int	nrw = 0;			/* semaphore: shared/exclusive keys, numbered
+								 * after the nkeys semaphore keys */
 static int64 el_floor = 0;		/* election: every lease from before the
 								 * run has a token up to this one */
 static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
@@ -218,6 +243,14 @@ static char seq_at_start[32] = "1";	/* dlock.fence_seq before the run */
 #define S_PROCLAIM_BACK 0x400	/* election: proclaim a lower value */
 #define S_STALE_PROCLAIM 0x800	/* election: an old epoch's value proclaimed
 								 * under a newer one */
+#define S_BORROW		0x1000	/* semaphore: write under another client's
+								 * permit */
+#define S_OVERCOMMIT	0x2000	/* semaphore: N + 1 permits, written under
+								 * at once */
+#define S_LOST_RENEWAL	0x4000	/* semaphore: write on after a renewal said
+								 * NULL */
+#define S_STALE_READER	0x8000	/* semaphore: a shared holder writes on
+								 * after an exclusive grant */
 
 static const struct
 {
@@ -236,6 +269,10 @@ static const struct
 	{"usurp", S_USURP},
 	{"proclaim-back", S_PROCLAIM_BACK},
 	{"stale-proclaim", S_STALE_PROCLAIM},
+	{"borrow", S_BORROW},
+	{"overcommit", S_OVERCOMMIT},
+	{"lost-renewal", S_LOST_RENEWAL},
+	{"stale-reader", S_STALE_READER},
 };
 
 /* state */
@@ -474,7 +511,15 @@ typedef struct Lease
 	bool		written;		/* a write was tried under it */
 	int			grant_op;		/* election: its grant's record number */
 	int64		n;				/* election: the last value proclaimed */
-	int			nwrites;		/* election: writes tried under it */
+	int			nwrites;		/* election, semaphore: writes tried under
+								 * it */
+	int32		kind;			/* semaphore: F_PERMITS, F_SHARED or 0
+								 * (exclusive); copied into its records */
+	int64		other_fence;	/* semaphore, --sabotage=stale-reader: the
+								 * exclusive lease whose write to wait for */
+	int64		grant_inv;		/* semaphore: its grant was invoked (the
+								 * checker's certainly-live bound starts
+								 * there) */
 } Lease;
 
 static FILE *oplog;
@@ -488,7 +533,24 @@ static int	my_worker;
 static void
 key_name(char *buf, size_t size, int k)
 {
-	snprintf(buf, size, election ? "dlock-chaos:e%d" : "dlock-chaos:k%d", k);
+	if (semaphore)
+		snprintf(buf, size, k < nkeys ? "dlock-chaos:s%d" : "dlock-chaos:r%d",
+				 k < nkeys ? k : k - nkeys);
+	else
+		snprintf(buf, size, election ? "dlock-chaos:e%d" : "dlock-chaos:k%d", k);
+}
+
+/*
+ * Key number k's name in messages and in the history tables: k<n>, e<n>;
+ * semaphore workload, s<n> for a semaphore key, r<n> for a shared/exclusive
+ * one (palloc'd).
+ */
+static const char *
+kname(int k)
+{
+	if (semaphore)
+		return k < nkeys ? psprintf("s%d", k) : psprintf("r%d", k - nkeys);
+	return psprintf("%s%d", kp, k);
 }
 
 /* Start a record. */
@@ -503,6 +565,7 @@ op_begin(ChaosOp *r, int type, const Lease *l)
 	r->ttl_ms = l->ttl_ms;
 	r->fence = l->fence;
 	r->deadline = l->deadline;
+	r->flags = l->kind;
 	r->t_inv = now_us();
 }
 
@@ -596,6 +659,79 @@ do_grant(PGconn *conn, Lease *l, int key)
 		l->deadline = r.t_done + (int64) l->ttl_ms * 1000;
 		/* for the forger: the key's latest acknowledged token */
 		atomic_max(&shared->key_token[l->key], l->fence);
+	}
+	else if (rc == RC_OK || rc == RC_BUSY)
+	{
+		op_end(&r, OUT_NONE, state);
+		rc = RC_BUSY;
+	}
+	else
+		op_end(&r, rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, state);
+	PQclear(res);
+	return rc;
+}
+
+/*
+ * Semaphore workload: grant key (a semaphore key, or a shared/exclusive
+ * one) as kind says: one of its permits (permits => permits), a shared
+ * lease, or (0) its exclusive lease, for ttl_ms (0: a random 100-500 ms),
+ * with try_acquire (wait_ms < 0) or acquire waiting up to wait_ms.  The
+ * server's clock is read after the grant, in its statement, as do_grant
+ * does.  Returns RC_OK with *l filled, RC_BUSY (no row, or the wait ran
+ * out) or another class.
+ */
+static int
+do_sem_grant(PGconn *conn, Lease *l, int key, int kind, int permits,
+			 int ttl_ms, int wait_ms)
+{
+	ChaosOp		r;
+	char		keybuf[64],
+				ttlbuf[32],
+				waitbuf[32],
+				holder[32],
+				pbuf[16];
+	const char *params[6];
+	PGresult   *res;
+	char		state[8];
+	int			rc;
+
+	memset(l, 0, sizeof(*l));
+	l->key = key;
+	l->kind = kind;
+	l->ttl_ms = ttl_ms > 0 ? ttl_ms : (int) rnd_range(100, 500);
+	key_name(keybuf, sizeof(keybuf), key);
+	snprintf(ttlbuf, sizeof(ttlbuf), "%d ms", l->ttl_ms);
+	snprintf(waitbuf, sizeof(waitbuf), "%d ms", Max(wait_ms, 0));
+	snprintf(holder, sizeof(holder), "w%d", my_worker);
+	snprintf(pbuf, sizeof(pbuf), "%d", kind == F_PERMITS ? permits : 1);
+	params[0] = keybuf;
+	params[1] = ttlbuf;
+	params[2] = holder;
+	params[3] = pbuf;
+	params[4] = kind == F_SHARED ? "shared" : "exclusive";
+	params[5] = waitbuf;
+	op_begin(&r, OP_GRANT, l);
+	l->grant_op = r.op;
+	l->grant_inv = r.t_inv;
+	if (wait_ms >= 0)
+	{
+		r.flags |= F_WAIT;
+		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM dlock.acquire($1, $2::interval, wait => $6::interval, holder => $3, permits => $4::int, mode => $5)",
+				 6, params, &res, state, my_worker);
+	}
+	else
+		rc = run(conn, "SELECT owner, fence, (extract(epoch FROM expires_at) * 1000000)::bigint, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM dlock.try_acquire($1, $2::interval, holder => $3, permits => $4::int, mode => $5)",
+				 5, params, &res, state, my_worker);
+	if (rc == RC_OK && PQntuples(res) == 1)
+	{
+		strlcpy(l->owner, PQgetvalue(res, 0, 0), sizeof(l->owner));
+		l->fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+		r.fence = l->fence;
+		r.expires_srv = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
+		/* evaluated after the function in FROM returned: after the grant */
+		r.srv_at = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+		op_end(&r, OUT_OK, state);
+		l->deadline = r.t_done + (int64) l->ttl_ms * 1000;
 	}
 	else if (rc == RC_OK || rc == RC_BUSY)
 	{
@@ -869,6 +1005,13 @@ failed:
 								 * autocommit */
 #define EW_USURP	3			/* --sabotage=usurp: fenced, a transaction
 								 * held open 400 ms */
+#define EW_STALE_HOLD 4			/* --sabotage=stale-reader: no
+								 * dlock.fenced, a transaction held open */
+
+/* the semaphore workload's writes (do_el_write, sabotage_overcommit) */
+#define SEM_INSERT_FENCED "INSERT INTO dlock_chaos_semaphore (k, fence, worker, op, seq) SELECT $1, $2::bigint, $3::int, $4::int, $5::int WHERE dlock.fenced($6, $2::bigint)"
+#define SEM_INSERT "INSERT INTO dlock_chaos_semaphore (k, fence, worker, op, seq) VALUES ($1, $2, $3, $4, $5)"
+#define SEM_DONE "UPDATE dlock_chaos_semaphore SET done_at = clock_timestamp() WHERE worker = $1::int AND op = $2::int"
 
 /*
  * Proclaim value n, "w<worker>:<grant's record number>:<n>", as the leader
@@ -936,6 +1079,13 @@ do_proclaim(PGconn *conn, Lease *l, int64 n, int flags)
  * wrote a row of the same epoch, for up to 2 s, and sets *overlapped if
  * one did.  Returns RC_OK (committed), RC_LF001 (refused), RC_LOST,
  * RC_OTHER, or RC_BUSY if told to stop during the pause before.
+ *
+ * The semaphore workload writes its own history the same way, a row (key,
+ * fence, worker, op, seq) into dlock_chaos_semaphore, seven writes in ten
+ * in a transaction held open up to 0.3 TTL (so that the holders' writes
+ * overlap); EW_STALE_HOLD writes without dlock.fenced in a transaction
+ * held open until a row under l->other_fence that ended after it began is
+ * there (committed), for up to 2 s, and sets *overlapped if one is.
  */
 static int
 do_el_write(PGconn *conn, Lease *l, int mode, int flags, bool *overlapped)
@@ -952,11 +1102,14 @@ do_el_write(PGconn *conn, Lease *l, int mode, int flags, bool *overlapped)
 	char		state[8];
 	int			rc;
 	int			pause = mode == EW_NORMAL ? (int) rnd_range(0, 9) : 2;
-	bool		txn = mode == EW_USURP || pause == 1 ||
-		(mode == EW_NORMAL && chance(0.5));
-	bool		fence = mode != EW_NOFENCE && !no_fence;
+	bool		txn = mode == EW_USURP || mode == EW_STALE_HOLD || pause == 1 ||
+		(mode == EW_NORMAL && chance(semaphore ? 0.7 : 0.5));
+	bool		fence = mode != EW_NOFENCE && mode != EW_STALE_HOLD && !no_fence;
 
-	snprintf(ebuf, sizeof(ebuf), "e%d", l->key);
+	if (semaphore)
+		strlcpy(ebuf, kname(l->key), sizeof(ebuf));
+	else
+		snprintf(ebuf, sizeof(ebuf), "e%d", l->key);
 	key_name(keybuf, sizeof(keybuf), l->key);
 	snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, l->fence);
 	if (pause == 0)
@@ -995,10 +1148,12 @@ do_el_write(PGconn *conn, Lease *l, int mode, int flags, bool *overlapped)
 	}
 	r.t_fence1 = r.t_ins = now_us();
 	if (fence)
-		rc = run(conn, "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) SELECT $1, $2::bigint, $3::int, $4::int, $5::int WHERE dlock.fenced($6, $2::bigint)",
+		rc = run(conn, semaphore ? SEM_INSERT_FENCED :
+				 "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) SELECT $1, $2::bigint, $3::int, $4::int, $5::int WHERE dlock.fenced($6, $2::bigint)",
 				 6, params, &res, state, my_worker);
 	else
-		rc = run(conn, "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) VALUES ($1, $2, $3, $4, $5)",
+		rc = run(conn, semaphore ? SEM_INSERT :
+				 "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) VALUES ($1, $2, $3, $4, $5)",
 				 5, params, &res, state, my_worker);
 	if (!txn)
 	{
@@ -1038,6 +1193,29 @@ do_el_write(PGconn *conn, Lease *l, int mode, int flags, bool *overlapped)
 			res = NULL;
 		}
 	}
+	else if (mode == EW_STALE_HOLD)
+	{
+		int64		give_up = now_us() + 2000000;
+		char		xbuf[32];
+		const char *xparams[4];
+
+		snprintf(xbuf, sizeof(xbuf), INT64_FORMAT, l->other_fence);
+		xparams[0] = ebuf;
+		xparams[1] = xbuf;
+		xparams[2] = wbuf;
+		xparams[3] = obuf;
+		while (!stop_requested && now_us() < give_up && !*overlapped)
+		{
+			sleep_until(now_us() + 10000);
+			rc = run(conn, "SELECT count(*) FROM dlock_chaos_semaphore WHERE k = $1 AND fence = $2::bigint AND coalesce(done_at, written_at) >= (SELECT written_at FROM dlock_chaos_semaphore WHERE worker = $3::int AND op = $4::int)",
+					 4, xparams, &res, state, my_worker);
+			if (rc != RC_OK)
+				goto failed;
+			*overlapped = strcmp(PQgetvalue(res, 0, 0), "0") != 0;
+			PQclear(res);
+			res = NULL;
+		}
+	}
 	else if (pause == 1)
 	{
 		sleep_until(l->deadline + rnd_range(5, 150) * 1000);
@@ -1045,8 +1223,9 @@ do_el_write(PGconn *conn, Lease *l, int mode, int flags, bool *overlapped)
 			r.flags |= F_PAUSE_INSIDE;
 	}
 	else
-		sleep_until(now_us() + rnd_range(0, l->ttl_ms * 100));
-	rc = run(conn, "UPDATE dlock_chaos_election SET done_at = clock_timestamp() WHERE worker = $1::int AND op = $2::int",
+		sleep_until(now_us() + rnd_range(0, l->ttl_ms * (semaphore ? 300 : 100)));
+	rc = run(conn, semaphore ? SEM_DONE :
+			 "UPDATE dlock_chaos_election SET done_at = clock_timestamp() WHERE worker = $1::int AND op = $2::int",
 			 2, params + 2, &res, state, my_worker);
 	if (rc != RC_OK)
 		goto failed;
@@ -1547,9 +1726,462 @@ do_leader(PGconn *conn, int e)
 }
 
 /*
+ * The semaphore workload's sabotages (--sabotage), once each, by worker 0
+ * (stale-reader: by the first reader), half a second into the run.  Each
+ * sets its flag once it was done for real.
+ */
+static bool sem_borrowed = false;
+static bool sem_overcommitted = false;
+static bool sem_lost_renewed = false;
+static bool sem_stale_read = false;
+static bool sem_stolen = false;
+
+#define MAX_OVERCOMMIT 16		/* --sabotage=overcommit: at most this many
+								 * permits (and connections) */
+
+/*
+ * --sabotage=borrow: between its terms, find (dlock.lease_status, every 10
+ * ms for up to 2 s) a live permit of a semaphore key held by another
+ * client with 30 ms or more left, and write a row under its token WHERE
+ * dlock.fenced(key, token), logged as this client's own write.  Tokens are
+ * not secrets, so the server accepts it: the check must report a write
+ * under a token its client was not granted.
+ */
+static int
+sabotage_borrow(PGconn *conn, bool *done)
+{
+	int64		give_up = now_us() + 2000000;
+	char		holder[32];
+	const char *params[1] = {holder};
+
+	snprintf(holder, sizeof(holder), "w%d", my_worker);
+	while (!stop_requested && now_us() < give_up)
+	{
+		PGresult   *res;
+		char		state[8];
+		char		victim[32];
+		int			rc,
+					key;
+		int64		left;
+		Lease		l;
+
+		sleep_until(now_us() + 10000);
+		rc = run(conn, "SELECT key, fence, (extract(epoch FROM remaining) * 1000000)::bigint, holder FROM dlock.lease_status WHERE key LIKE 'dlock-chaos:s%' AND permit IS NOT NULL AND state = 'held' AND holder <> $1 AND remaining > '30 ms' ORDER BY fence DESC LIMIT 1",
+				 1, params, &res, state, my_worker);
+		if (rc != RC_OK)
+		{
+			PQclear(res);
+			return rc;
+		}
+		if (PQntuples(res) != 1 ||
+			sscanf(PQgetvalue(res, 0, 0), "dlock-chaos:s%d", &key) != 1 ||
+			key < 0 || key >= nkeys)
+		{
+			PQclear(res);
+			continue;
+		}
+		memset(&l, 0, sizeof(l));
+		l.key = key;
+		l.kind = F_PERMITS;
+		l.fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+		left = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
+		l.ttl_ms = (int) (left / 1000);
+		l.deadline = now_us() + left;
+		l.grant_op = -1;
+		strlcpy(victim, PQgetvalue(res, 0, 3), sizeof(victim));
+		PQclear(res);
+		rc = do_el_write(conn, &l, EW_FENCED, F_SABOTAGED, NULL);
+		if (rc == RC_OK)
+		{
+			*done = true;
+			printf("dlock-chaos: sabotage: worker %d wrote s%d under the permit with fence " INT64_FORMAT ", held by %s\n",
+				   my_worker, key, l.fence, victim);
+		}
+		return rc;
+	}
+	return RC_BUSY;
+}
+
+/*
+ * --sabotage=overcommit: between its terms, on N + 1 connections (its own
+ * and N more), acquire N + 1 permits of s0 with permits => N + 1 (a client
+ * that asks for more permits than the key's N: dlock grants it the N + 1st
+ * at once), for 5 s each, then write a row under each of them at once: N
+ * + 1 transactions, each INSERT ... WHERE dlock.fenced(key, its token),
+ * all open before the first COMMIT.  The check must report more than N
+ * permits granted, and written under, at one moment.
+ */
+static int
+sabotage_overcommit(PGconn *conn, bool *done)
+{
+	int			n = npermits + 1;
+	PGconn	   *conns[MAX_OVERCOMMIT + 1];
+	Lease		ls[MAX_OVERCOMMIT + 1];
+	ChaosOp		rs[MAX_OVERCOMMIT + 1];
+	int			rcs[MAX_OVERCOMMIT + 1];
+	char		states[MAX_OVERCOMMIT + 1][8];
+	char		appname[32];
+	int			ngranted = 0,
+				ncommitted = 0,
+				j;
+
+	snprintf(appname, sizeof(appname), "dlock-chaos-w%d", my_worker);
+	conns[0] = conn;
+	for (j = 1; j < n; j++)
+		if ((conns[j] = connect_db(appname, false)) == NULL)
+			break;
+	if (j == n)
+		for (ngranted = 0; ngranted < n && !stop_requested; ngranted++)
+			if (do_sem_grant(conns[ngranted], &ls[ngranted], 0, F_PERMITS, n,
+							 5000, 3000) != RC_OK)
+				break;
+	if (ngranted == n)
+	{
+		/* every INSERT first, each in its own open transaction ... */
+		for (j = 0; j < n; j++)
+		{
+			char		ebuf[32],
+						keybuf[64],
+						fbuf[32],
+						wbuf[16],
+						obuf[16],
+						sbuf[16];
+			const char *params[6] = {ebuf, fbuf, wbuf, obuf, sbuf, keybuf};
+			PGresult   *res = NULL;
+
+			op_begin(&rs[j], OP_WRITE, &ls[j]);
+			rs[j].flags |= F_TXN | F_SABOTAGED;
+			rs[j].value = ++ls[j].nwrites;
+			strlcpy(ebuf, kname(0), sizeof(ebuf));
+			key_name(keybuf, sizeof(keybuf), 0);
+			snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, ls[j].fence);
+			snprintf(wbuf, sizeof(wbuf), "%d", my_worker);
+			snprintf(obuf, sizeof(obuf), "%d", rs[j].op);
+			snprintf(sbuf, sizeof(sbuf), INT64_FORMAT, rs[j].value);
+			rcs[j] = run(conns[j], "BEGIN", 0, NULL, &res, states[j], my_worker);
+			PQclear(res);
+			if (rcs[j] != RC_OK)
+				continue;
+			rs[j].t_fence1 = rs[j].t_ins = now_us();
+			rcs[j] = run(conns[j], SEM_INSERT_FENCED, 6, params, &res, states[j], my_worker);
+			if (rcs[j] == RC_OK && strcmp(PQcmdTuples(res), "1") != 0)
+				rcs[j] = RC_BUSY;
+			PQclear(res);
+			if (rcs[j] != RC_OK && rcs[j] != RC_LOST)
+				rollback(conns[j]);
+		}
+		/* ... then each done_at and COMMIT, the records in their order */
+		for (j = 0; j < n; j++)
+		{
+			char		wbuf[16],
+						obuf[16];
+			const char *params[2] = {wbuf, obuf};
+			PGresult   *res = NULL;
+			int			rc = rcs[j];
+
+			if (rc != RC_OK)
+			{
+				op_end(&rs[j], rc == RC_LOST ? OUT_FAILED : rc == RC_LF001 ? OUT_REFUSED :
+					   rc == RC_BUSY ? OUT_NONE : OUT_UNEXPECTED, states[j]);
+				continue;
+			}
+			snprintf(wbuf, sizeof(wbuf), "%d", my_worker);
+			snprintf(obuf, sizeof(obuf), "%d", rs[j].op);
+			rc = run(conns[j], SEM_DONE, 2, params, &res, states[j], my_worker);
+			PQclear(res);
+			if (rc != RC_OK)
+			{
+				if (rc != RC_LOST)
+					rollback(conns[j]);
+				op_end(&rs[j], rc == RC_LOST ? OUT_FAILED : OUT_UNEXPECTED, states[j]);
+				continue;
+			}
+			rs[j].t_commit = now_us();
+			rc = run(conns[j], "COMMIT", 0, NULL, &res, states[j], my_worker);
+			PQclear(res);
+			if (rc == RC_OK)
+			{
+				op_end(&rs[j], OUT_OK, states[j]);
+				__sync_fetch_and_add(acked_writes, 1);
+				ncommitted++;
+			}
+			else
+				op_end(&rs[j], rc == RC_LOST ? OUT_INDET : OUT_UNEXPECTED, states[j]);
+		}
+		if (ncommitted == n)
+		{
+			*done = true;
+			printf("dlock-chaos: sabotage: worker %d was granted %d permits of s0 (permits => %d) and wrote under all of them at once\n",
+				   my_worker, n, n);
+		}
+	}
+	for (j = 0; j < ngranted; j++)
+		if (PQstatus(conns[j]) == CONNECTION_OK)
+			(void) do_release(conns[j], &ls[j]);
+	for (j = 1; j < n && conns[j] != NULL; j++)
+		PQfinish(conns[j]);
+	return PQstatus(conn) == CONNECTION_OK ? RC_OK : RC_LOST;
+}
+
+/*
+ * --sabotage=lost-renewal: with a permit just granted, do no work until
+ * 30 ms past the lease's client-side bound, renew (dlock.renew says NULL:
+ * the lease is lost), and write under it all the same without
+ * dlock.fenced, as a client that ignores its lost renewal would.  The
+ * check must report a write accepted after its lease expired, by both
+ * clocks.
+ */
+static int
+sabotage_lost_renewal(PGconn *conn, Lease *l, bool *done)
+{
+	int			rc;
+
+	sleep_until(l->deadline + 30000);
+	if (stop_requested)
+		return RC_BUSY;
+	rc = do_renew(conn, l);
+	if (rc != RC_BUSY)
+		return rc;
+	rc = do_el_write(conn, l, EW_NOFENCE, F_SABOTAGED, NULL);
+	if (rc == RC_OK)
+	{
+		*done = true;
+		printf("dlock-chaos: sabotage: worker %d wrote s%d under fence " INT64_FORMAT " without dlock.fenced after its renewal said NULL\n",
+			   my_worker, l->key, l->fence);
+	}
+	return rc;
+}
+
+/*
+ * --sabotage=stale-reader: with a shared lease just granted, let it run
+ * out (30 ms past its client-side bound), wait (dlock.lease_status, every
+ * 10 ms for up to 3 s) for an exclusive lease of the key granted after it
+ * to another client, then write under the shared token without
+ * dlock.fenced, in a transaction held open until the exclusive holder
+ * wrote a row too (for up to 2 s).  The check must report a shared
+ * lease's write after a later exclusive grant (by both clocks), and
+ * overlapping the exclusive holder's.  Sets *done only if the exclusive
+ * holder wrote meanwhile (until then, the reader tries again).
+ */
+static int
+sabotage_stale_reader(PGconn *conn, Lease *l, bool *done)
+{
+	int64		give_up;
+	char		keybuf[64],
+				fbuf[32];
+	const char *params[2] = {keybuf, fbuf};
+
+	sleep_until(l->deadline + 30000);
+	key_name(keybuf, sizeof(keybuf), l->key);
+	snprintf(fbuf, sizeof(fbuf), INT64_FORMAT, l->fence);
+	give_up = now_us() + 3000000;
+	while (!stop_requested && now_us() < give_up)
+	{
+		PGresult   *res;
+		char		state[8];
+		int			rc;
+		bool		overlapped = false;
+
+		sleep_until(now_us() + 10000);
+		rc = run(conn, "SELECT fence FROM dlock.lease_status WHERE key = $1 AND permit IS NULL AND state = 'held' AND fence > $2::bigint",
+				 2, params, &res, state, my_worker);
+		if (rc != RC_OK)
+		{
+			PQclear(res);
+			return rc;
+		}
+		if (PQntuples(res) != 1)
+		{
+			PQclear(res);
+			continue;
+		}
+		l->other_fence = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		PQclear(res);
+		rc = do_el_write(conn, l, EW_STALE_HOLD, F_SABOTAGED, &overlapped);
+		if (rc == RC_OK)
+		{
+			*done = overlapped;
+			printf("dlock-chaos: sabotage: worker %d wrote %s under its ended shared lease (fence " INT64_FORMAT ") without dlock.fenced after the exclusive grant of fence " INT64_FORMAT ", %s\n",
+				   my_worker, kname(l->key), l->fence, l->other_fence,
+				   overlapped ? "whose holder wrote meanwhile" : "whose holder did not write meanwhile: again later");
+		}
+		return rc;
+	}
+	return RC_BUSY;
+}
+
+/*
+ * --sabotage=steal (semaphore workload): right after a permit's grant was
+ * acknowledged, drop the key with dlock.forget() (every permit of it, as
+ * an administrator would), renew the permit (NULL, while it is certainly
+ * live), and grant N permits of the key on this connection at once, then
+ * release them.  The check must report more than N permits live at one
+ * moment, and the holder refused while its lease was certainly live.
+ * "Certainly live" is judged from the grant's invocation (+ TTL): after a
+ * grant that waited, there may be no time left for it (then, not now).
+ */
+static int
+sabotage_sem_steal(PGconn *conn, Lease *l, bool *done)
+{
+	char		keybuf[64];
+	const char *params[1] = {keybuf};
+	PGresult   *res;
+	char		state[8];
+	Lease	   *ls;
+	int			rc,
+				ng = 0,
+				j;
+	bool		forgotten;
+
+	if (now_us() > l->grant_inv + (int64) l->ttl_ms * 1000 - 60000)
+		return RC_BUSY;
+	key_name(keybuf, sizeof(keybuf), l->key);
+	rc = run(conn, "SELECT dlock.forget($1)", 1, params, &res, state, my_worker);
+	forgotten = rc == RC_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	PQclear(res);
+	if (rc != RC_OK)
+		return rc;
+	/* the lease is certainly still live, as the checker judges it */
+	if (!forgotten || now_us() > l->grant_inv + (int64) l->ttl_ms * 1000 - 20000)
+		return RC_BUSY;
+	rc = do_renew(conn, l);
+	if (rc == RC_LOST || rc == RC_OTHER)
+		return rc;
+	ls = pg_malloc(sizeof(Lease) * npermits);
+	for (ng = 0; ng < npermits; ng++)
+		if ((rc = do_sem_grant(conn, &ls[ng], l->key, F_PERMITS, npermits, 0, -1)) != RC_OK)
+			break;
+	if (ng > 0)
+	{
+		*done = true;
+		printf("dlock-chaos: sabotage: worker %d dropped %s with dlock.forget while its permit (fence " INT64_FORMAT ") was live and was granted %d permits of it again\n",
+			   my_worker, kname(l->key), l->fence, ng);
+	}
+	for (j = 0; j < ng && rc != RC_LOST; j++)
+		if (do_release(conn, &ls[j]) == RC_LOST)
+			rc = RC_LOST;
+	pg_free(ls);
+	return rc == RC_LOST ? rc : RC_OK;
+}
+
+/*
+ * One term of a semaphore client under the lease *l just granted: one to
+ * four rounds of some work, a renewal now and then, and a fenced write
+ * (eight rounds in ten; see do_el_write: pauses past the lease's end
+ * before and inside, transactions held open); the term ends at the first
+ * call that finds the lease lost; then the holder releases it half of the
+ * time, or lets it run out.  Returns RC_LOST when the connection was lost.
+ */
+static int
+sem_term(PGconn *conn, Lease *l)
+{
+	int			rounds = (int) rnd_range(1, 4);
+	int			rc = RC_OK;
+	bool		alive = true;
+	int			i;
+
+	for (i = 0; i < rounds && alive && !stop_requested; i++)
+	{
+		if (i > 0 && chance(0.4) && now_us() < l->deadline)
+		{
+			rc = do_renew(conn, l);
+			if (rc != RC_OK)
+				break;
+		}
+		/* some work */
+		sleep_until(now_us() + rnd_range(0, l->ttl_ms * 100));
+		if (chance(0.8))
+		{
+			rc = do_el_write(conn, l, EW_NORMAL, 0, NULL);
+			if (rc != RC_OK)
+				alive = false;
+		}
+	}
+	if (rc == RC_LOST)
+		return rc;
+	if (alive && rc == RC_OK && !stop_requested && chance(0.5))
+		return do_release(conn, l);
+	return RC_OK;
+}
+
+/*
+ * One turn of worker w (semaphore workload).  A reader (the last
+ * nreaders workers) takes a shared lease of a shared/exclusive key; the
+ * others take one of the N permits of a semaphore key (three turns in
+ * four) or the exclusive lease of a shared/exclusive key, waiting for it
+ * up to 20-600 ms (a permit or a shared lease: half of the time, the
+ * others try once).  Then a term (sem_term); a reader then pauses 0-300 ms,
+ * so that the exclusive leases get their turn without preloading too.
+ * Returns the class of the last call (RC_LOST: reconnect).
+ */
+static int
+sem_turn(PGconn *conn, int w)
+{
+	bool		reader = w >= nworkers - nreaders;
+	bool		early = now_us() > start_us + 500000;
+	Lease		l;
+	int			key,
+				kind,
+				rc;
+
+	/* between terms: --sabotage=borrow and overcommit, by worker 0 */
+	if (w == 0 && (sabotage & S_BORROW) && !sem_borrowed && early)
+	{
+		rc = sabotage_borrow(conn, &sem_borrowed);
+		if (rc == RC_LOST)
+			return rc;
+	}
+	if (w == 0 && (sabotage & S_OVERCOMMIT) && !sem_overcommitted && early)
+	{
+		rc = sabotage_overcommit(conn, &sem_overcommitted);
+		if (rc == RC_LOST)
+			return rc;
+	}
+
+	if (reader)
+	{
+		key = nkeys + (int) rnd_range(0, nrw - 1);
+		kind = F_SHARED;
+	}
+	else if (nrw > 0 && chance(0.25))
+	{
+		key = nkeys + (int) rnd_range(0, nrw - 1);
+		kind = 0;
+	}
+	else
+	{
+		key = (int) rnd_range(0, nkeys - 1);
+		kind = F_PERMITS;
+	}
+	rc = do_sem_grant(conn, &l, key, kind, npermits, 0,
+					  kind == 0 || chance(0.5) ? (int) rnd_range(20, 600) : -1);
+	if (rc != RC_OK)
+	{
+		if (rc != RC_LOST)
+			sleep_until(now_us() + rnd_range(0, 10000));
+		return rc;
+	}
+
+	/* right after a grant: steal, lost-renewal (worker 0), stale-reader */
+	if (w == 0 && kind == F_PERMITS && (sabotage & S_STEAL) && !sem_stolen && early)
+		return sabotage_sem_steal(conn, &l, &sem_stolen);
+	if (w == 0 && kind == F_PERMITS && (sabotage & S_LOST_RENEWAL) &&
+		!sem_lost_renewed && early)
+		return sabotage_lost_renewal(conn, &l, &sem_lost_renewed);
+	if (w == nworkers - nreaders && kind == F_SHARED &&
+		(sabotage & S_STALE_READER) && !sem_stale_read && early)
+		return sabotage_stale_reader(conn, &l, &sem_stale_read);
+
+	rc = sem_term(conn, &l);
+	if (reader && rc != RC_LOST)
+		sleep_until(now_us() + rnd_range(0, 300000));
+	return rc;
+}
+
+/*
  * A worker process: loop on leases until told to stop.  With --workload
  * election, workers 0 .. ncampaigners - 1 are campaigners, the others
- * observers.
+ * observers; with --workload semaphore, each turn is sem_turn's.
  */
 static int
 worker_main(int w)
@@ -1607,6 +2239,17 @@ worker_main(int w)
 				continue;
 			}
 			down_since = 0;
+		}
+
+		if (semaphore)
+		{
+			rc = sem_turn(conn, w);
+			if (rc == RC_LOST)
+			{
+				PQfinish(conn);
+				conn = NULL;
+			}
+			continue;
 		}
 
 		/* an observer: one call per turn, the elections in turn */
@@ -1735,7 +2378,7 @@ worker_main(int w)
 		PQfinish(conn);
 	if (w == 0 && (sabotage & (S_EXPIRED | S_SUPERSEDED)) && !sabotaged)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to write after its lease's expiry\n");
-	if (w == 0 && (sabotage & S_STEAL) && !stolen)
+	if (w == 0 && !semaphore && (sabotage & S_STEAL) && !stolen)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to steal a live lease\n");
 	if (w == 0 && (sabotage & S_USURP) && !usurped)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to write under another client's epoch\n");
@@ -1743,6 +2386,16 @@ worker_main(int w)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to proclaim a lower value\n");
 	if (w == 0 && (sabotage & S_STALE_PROCLAIM) && !stale_proclaimed)
 		printf("dlock-chaos: sabotage: worker 0 found no chance to proclaim under a newer epoch\n");
+	if (w == 0 && (sabotage & S_BORROW) && !sem_borrowed)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to write under another client's permit\n");
+	if (w == 0 && (sabotage & S_OVERCOMMIT) && !sem_overcommitted)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to write under N + 1 permits at once\n");
+	if (w == 0 && (sabotage & S_LOST_RENEWAL) && !sem_lost_renewed)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to write on after a lost renewal\n");
+	if (w == 0 && semaphore && (sabotage & S_STEAL) && !sem_stolen)
+		printf("dlock-chaos: sabotage: worker 0 found no chance to drop a key with a live permit\n");
+	if (w == nworkers - nreaders && (sabotage & S_STALE_READER) && !sem_stale_read)
+		printf("dlock-chaos: sabotage: worker %d found no chance to write under a shared lease after an exclusive grant\n", w);
 	if (fclose(oplog) != 0)
 	{
 		fprintf(stderr, "dlock-chaos: worker %d: cannot write its log: %m\n", w);
@@ -2536,7 +3189,14 @@ setup(void)
 		exit(2);
 	setup_exec(conn, "SET client_min_messages = warning");
 	setup_exec(conn, "CREATE EXTENSION IF NOT EXISTS dlock");
-	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter, dlock_chaos_forged, dlock_chaos_forged_mono, dlock_chaos_election");
+	setup_exec(conn, "DROP TABLE IF EXISTS dlock_chaos_history, dlock_chaos_counter, dlock_chaos_forged, dlock_chaos_forged_mono, dlock_chaos_election, dlock_chaos_semaphore");
+
+	/*
+	 * The semaphore workload's history, as the election's: no fencing
+	 * trigger, the writers' own dlock.fenced(key, token) guards it.
+	 */
+	if (semaphore)
+		setup_exec(conn, "CREATE TABLE dlock_chaos_semaphore (id bigserial PRIMARY KEY, k text NOT NULL, fence bigint NOT NULL, worker int NOT NULL, op int NOT NULL, seq int NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp(), done_at timestamptz, UNIQUE (worker, op))");
 
 	/*
 	 * The election workload's history: no fencing trigger, the writers'
@@ -2655,6 +3315,11 @@ static bool *flog_in_db;		/* per record: its row exists */
 #define V_OBS_PHANTOM 22
 #define V_OBS_DEAD	23
 #define V_EL_LOST	24
+#define V_SEM_FOREIGN 25
+#define V_SEM_WRITERS 26
+#define V_SEM_GRANTS 27
+#define V_RW_OVERLAP 28
+#define V_RW_AFTER	29
 
 static const char *const vio_name[] = {
 	"history gap", "lost update (duplicate value)", "fences out of order",
@@ -2674,7 +3339,12 @@ static const char *const vio_name[] = {
 	"observer saw less than was acknowledged",
 	"observer saw a value not proclaimed in that epoch",
 	"ended lease reported as the leader",
-	"acknowledged grant or proclaim lost (final state)"
+	"acknowledged grant or proclaim lost (final state)",
+	"write accepted under a token its client was not granted",
+	"writes under more than N permits accepted at one moment (server clock)",
+	"more than N permits of a key live at one moment (server clock)",
+	"an exclusive lease's write and another lease's accepted at overlapping moments (server clock)",
+	"write accepted after a later grant that excludes its lease (server clock)"
 };
 
 /* Report one violation (printed for the first SHOW_MAX of its kind). */
@@ -2873,6 +3543,8 @@ sabotage_after_run(PGconn *conn)
 		PQclear(PQexec(conn, "SET dlock.fence_bypass = on"));
 		res = PQexecParams(conn, election ?
 						   "DELETE FROM dlock_chaos_election WHERE worker = $1 AND op = $2" :
+						   semaphore ?
+						   "DELETE FROM dlock_chaos_semaphore WHERE worker = $1 AND op = $2" :
 						   "DELETE FROM dlock_chaos_history WHERE worker = $1 AND op = $2",
 						   2, NULL, params, NULL, NULL, 0);
 		if (PQresultStatus(res) != PGRES_COMMAND_OK || strcmp(PQcmdTuples(res), "1") != 0)
@@ -2882,14 +3554,16 @@ sabotage_after_run(PGconn *conn)
 			return false;
 		}
 		PQclear(res);
-		printf("dlock-chaos: sabotage: deleted the history row of %s%d value " INT64_FORMAT " (worker %d op %d, acknowledged)\n",
-			   election ? "e" : "k", last->key, last->value, last->worker, last->op);
+		printf("dlock-chaos: sabotage: deleted the history row of %s value " INT64_FORMAT " (worker %d op %d, acknowledged)\n",
+			   kname(last->key), last->value, last->worker, last->op);
 	}
 	if (sabotage & S_FORGE)
 	{
 		PQclear(PQexec(conn, "SET dlock.fence_bypass = on"));
 		res = PQexec(conn, election ?
 					 "INSERT INTO dlock_chaos_election (election, epoch, worker, op, seq) SELECT 'e0', coalesce(max(epoch), 0), 0, 1000000000, 1 FROM dlock_chaos_election WHERE election = 'e0'" :
+					 semaphore ?
+					 "INSERT INTO dlock_chaos_semaphore (k, fence, worker, op, seq) SELECT 's0', coalesce(max(fence), 0), 0, 1000000000, 1 FROM dlock_chaos_semaphore WHERE k = 's0'" :
 					 "INSERT INTO dlock_chaos_history (k, value, fence, worker, op) SELECT 'k0', coalesce(max(value), 0) + 1, coalesce(max(fence), 0), 0, 1000000000 FROM dlock_chaos_history WHERE k = 'k0'");
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
 		{
@@ -2899,7 +3573,7 @@ sabotage_after_run(PGconn *conn)
 		}
 		PQclear(res);
 		printf("dlock-chaos: sabotage: inserted a history row of %s0 that no worker wrote (worker 0 op 1000000000)\n",
-			   election ? "e" : "k");
+			   election ? "e" : semaphore ? "s" : "k");
 	}
 	if (sabotage & S_SERVERLOG)
 	{
@@ -2948,9 +3622,9 @@ static int64 x_margin = PG_INT64_MAX;	/* smallest (grant - end), us, of
 										 * the pairs without a release */
 
 /*
- * Exclusion, by the server's clock.  grants are the acknowledged grants,
- * sorted by key and token.  For each key's consecutive grants A and B (by
- * token), B must have been granted at or after the end of A's lease as it
+ * Exclusion, by the server's clock, of two acknowledged grants A and B of
+ * one key, A's token the smaller (check_exclusion: each key's consecutive
+ * grants): B must have been granted at or after the end of A's lease as it
  * stood when B was granted:
  *
  * - B's grant: srv_at, clock_timestamp() in the grant's statement, after
@@ -2976,81 +3650,84 @@ static int64 x_margin = PG_INT64_MAX;	/* smallest (grant - end), us, of
  * not.
  */
 static void
+exclusion_pair(const ChaosOp *a, const ChaosOp *b)
+{
+	const ChaosOp *wl = wlog[a->worker];
+	int64		end = a->expires_srv;
+	int64		limit;
+	int64		released_at = PG_INT64_MAX;
+	int64		release_inv = PG_INT64_MAX;
+	bool		unknown = false;
+	int			k,
+				c;
+
+	if (a->key != b->key || a->fence == b->fence)
+		return;
+	/* A's renewals and releases: its worker's records up to its next grant */
+	for (k = a->op + 1; k < wlog_n[a->worker] && wl[k].type != OP_GRANT; k++)
+	{
+		const ChaosOp *p = &wl[k];
+
+		if (p->key != a->key || p->fence != a->fence)
+			continue;
+		if (p->type == OP_RENEW && p->outcome == OUT_OK && p->t_done < b->t_inv)
+			end = p->expires_srv;
+		else if (p->type == OP_RELEASE && p->outcome == OUT_OK)
+		{
+			released_at = Min(released_at, p->srv_at);
+			release_inv = Min(release_inv, p->t_inv);
+		}
+		else if (p->type == OP_RELEASE && p->outcome != OUT_NONE)
+		{
+			release_inv = Min(release_inv, p->t_inv);
+			if (p->t_inv < b->t_done)
+				unknown = true;
+		}
+	}
+	if (unknown)
+	{
+		x_unknown++;
+		return;
+	}
+	limit = Min(end, released_at);
+	x_checked++;
+	if (released_at != PG_INT64_MAX)
+		x_released++;
+	else
+		x_margin = Min(x_margin, b->srv_at - limit);
+	/* a crash-restart between them, A certainly live and unreleased */
+	for (c = 0; c < ncrashes; c++)
+		if (crash_at[c][0] > a->t_done && crash_at[c][1] < b->t_inv &&
+			crash_at[c][0] < a->t_inv + (int64) a->ttl_ms * 1000 &&
+			crash_at[c][0] < release_inv)
+		{
+			x_crash++;
+			break;
+		}
+	for (c = 0; c < ncrashes; c++)
+		if (crash_switch[c] && crash_at[c][0] > a->t_done && crash_at[c][1] < b->t_inv &&
+			crash_at[c][0] < a->t_inv + (int64) a->ttl_ms * 1000 &&
+			crash_at[c][0] < release_inv)
+		{
+			x_switch++;
+			break;
+		}
+	if (b->srv_at < limit)
+		violation(V_EXCLUSION, "%s granted with fence " INT64_FORMAT " (worker %d op %d, invoked at %.6f s) %.3f ms before the end of the lease with fence " INT64_FORMAT " (worker %d op %d, acknowledged at %.6f s, %s)",
+				  kname(b->key), b->fence, b->worker, b->op, rel(b->t_inv),
+				  (limit - b->srv_at) / 1000.0, a->fence, a->worker, a->op,
+				  rel(a->t_done),
+				  released_at < end ? "its release" : "its expires_at");
+}
+
+/* Each key's consecutive grants by token, judged by exclusion_pair. */
+static void
 check_exclusion(ChaosOp **grants, int ngrants)
 {
 	int			i;
 
 	for (i = 1; i < ngrants; i++)
-	{
-		const ChaosOp *a = grants[i - 1];
-		const ChaosOp *b = grants[i];
-		const ChaosOp *wl = wlog[a->worker];
-		int64		end = a->expires_srv;
-		int64		limit;
-		int64		released_at = PG_INT64_MAX;
-		int64		release_inv = PG_INT64_MAX;
-		bool		unknown = false;
-		int			k,
-					c;
-
-		if (a->key != b->key || a->fence == b->fence)
-			continue;
-		/* A's renewals and releases: its worker's records up to its next grant */
-		for (k = a->op + 1; k < wlog_n[a->worker] && wl[k].type != OP_GRANT; k++)
-		{
-			const ChaosOp *p = &wl[k];
-
-			if (p->key != a->key || p->fence != a->fence)
-				continue;
-			if (p->type == OP_RENEW && p->outcome == OUT_OK && p->t_done < b->t_inv)
-				end = p->expires_srv;
-			else if (p->type == OP_RELEASE && p->outcome == OUT_OK)
-			{
-				released_at = Min(released_at, p->srv_at);
-				release_inv = Min(release_inv, p->t_inv);
-			}
-			else if (p->type == OP_RELEASE && p->outcome != OUT_NONE)
-			{
-				release_inv = Min(release_inv, p->t_inv);
-				if (p->t_inv < b->t_done)
-					unknown = true;
-			}
-		}
-		if (unknown)
-		{
-			x_unknown++;
-			continue;
-		}
-		limit = Min(end, released_at);
-		x_checked++;
-		if (released_at != PG_INT64_MAX)
-			x_released++;
-		else
-			x_margin = Min(x_margin, b->srv_at - limit);
-		/* a crash-restart between them, A certainly live and unreleased */
-		for (c = 0; c < ncrashes; c++)
-			if (crash_at[c][0] > a->t_done && crash_at[c][1] < b->t_inv &&
-				crash_at[c][0] < a->t_inv + (int64) a->ttl_ms * 1000 &&
-				crash_at[c][0] < release_inv)
-			{
-				x_crash++;
-				break;
-			}
-		for (c = 0; c < ncrashes; c++)
-			if (crash_switch[c] && crash_at[c][0] > a->t_done && crash_at[c][1] < b->t_inv &&
-				crash_at[c][0] < a->t_inv + (int64) a->ttl_ms * 1000 &&
-				crash_at[c][0] < release_inv)
-			{
-				x_switch++;
-				break;
-			}
-		if (b->srv_at < limit)
-			violation(V_EXCLUSION, "%s%d granted with fence " INT64_FORMAT " (worker %d op %d, invoked at %.6f s) %.3f ms before the end of the lease with fence " INT64_FORMAT " (worker %d op %d, acknowledged at %.6f s, %s)",
-					  kp, b->key, b->fence, b->worker, b->op, rel(b->t_inv),
-					  (limit - b->srv_at) / 1000.0, a->fence, a->worker, a->op,
-					  rel(a->t_done),
-					  released_at < end ? "its release" : "its expires_at");
-	}
+		exclusion_pair(grants[i - 1], grants[i]);
 }
 
 /* the forger's figures */
@@ -3699,10 +4376,10 @@ el_check_campaigners(ChaosOp **grants, int ngrants, const int64 *minlater)
 					continue;
 				e_refusals_checked++;
 				if (r->t_done < until)
-					violation(V_LEASE_LOST, "e%d epoch " INT64_FORMAT " (%s): %s at %.6f s, while the lease was certainly live until %.6f s",
-							  r->key, r->fence, who(r),
+					violation(V_LEASE_LOST, "%s %s " INT64_FORMAT " (%s): %s at %.6f s, while the lease was certainly live until %.6f s",
+							  kname(r->key), semaphore ? "fence" : "epoch", r->fence, who(r),
 							  r->type == OP_RENEW ? "renew said NULL" :
-							  r->type == OP_RELEASE ? "resign said false" :
+							  r->type == OP_RELEASE ? (semaphore ? "release said false" : "resign said false") :
 							  r->type == OP_PROCLAIM ? "proclaim said false" :
 							  "the fenced write was refused",
 							  rel(r->t_done), rel(until));
@@ -3973,6 +4650,517 @@ el_count_changes(ChaosOp **grants, int ngrants)
 }
 
 /*
+ * The semaphore workload's checks (--workload semaphore).
+ */
+
+/* a row of the semaphore workload's history */
+typedef struct SemRow
+{
+	int			key;			/* key number: s<n> is n, r<n> nkeys + n */
+	int			worker;
+	int			op;
+	int64		fence;
+	int64		seq;
+	int64		at;				/* written_at, us since the epoch */
+	int64		end;			/* done_at, or written_at */
+	int32		kind;			/* its write's F_PERMITS, F_SHARED or 0 */
+	bool		matched;		/* it is a write of the logs */
+} SemRow;
+
+static SemRow *sem_rows;		/* by key, written_at, fence */
+static int	sem_nrows = 0;
+
+/* the semaphore workload's figures */
+static long s_grants[3];		/* acknowledged: permits, shared, exclusive */
+static long s_txn_writes = 0;	/* accepted writes of two statements */
+static long s_writes_checked = 0;	/* permit writes in the N-writers sweep */
+static int	s_max_writers = 0;	/* most permits written under at one moment */
+static long s_writers_at_n = 0; /* writes that began with N permits' writes
+								 * open */
+static long s_leases_checked = 0;	/* permits in the N-leases sweep */
+static long s_leases_skipped = 0;	/* left out: a release's outcome unknown */
+static int	s_max_live = 0;		/* most permits live at one moment */
+static long s_live_at_n = 0;	/* grants made with N permits then live */
+static long s_live_at_crash = 0;	/* permits certainly live when a
+									 * crash-restart in memory mode began */
+static long s_rw_checked = 0;	/* shared/exclusive writes checked for
+								 * overlap */
+static long s_shared_together = 0;	/* shared writes that began while
+									 * another shared lease's was open */
+static long s_after_checked = 0;	/* writes checked against the later
+									 * grants that exclude them */
+static long s_x_after_s = 0;	/* exclusive grants right after a shared
+								 * one, by token */
+static long s_s_after_x = 0;	/* shared grants right after an exclusive
+								 * one */
+
+/* A record's kind of lease: F_PERMITS, F_SHARED, or 0 (exclusive). */
+static int32
+lease_kind(const ChaosOp *r)
+{
+	return r->flags & F_KIND_MASK;
+}
+
+static const char *
+kind_name(int32 kind)
+{
+	return kind == F_PERMITS ? "permit" : kind == F_SHARED ? "shared" : "exclusive";
+}
+
+static int
+cmp_sem_row(const void *a, const void *b)
+{
+	const SemRow *x = (const SemRow *) a;
+	const SemRow *y = (const SemRow *) b;
+
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	if (x->at != y->at)
+		return x->at < y->at ? -1 : 1;
+	return x->fence < y->fence ? -1 : x->fence > y->fence ? 1 : 0;
+}
+
+/*
+ * Read the semaphore workload's history; match each row with its write in
+ * the logs (in_db, written_at), a row that matches none, or a write that
+ * was refused or failed, being a violation.  Returns false if the table
+ * cannot be read.
+ */
+static bool
+check_semaphore_history(PGconn *conn)
+{
+	PGresult   *res;
+	int			i;
+
+	res = PQexec(conn, "SELECT k, fence, worker, op, seq, (extract(epoch FROM written_at) * 1000000)::bigint, (extract(epoch FROM coalesce(done_at, written_at)) * 1000000)::bigint FROM dlock_chaos_semaphore ORDER BY id");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "dlock-chaos: cannot read the semaphore history: %s", PQerrorMessage(conn));
+		return false;
+	}
+	sem_nrows = PQntuples(res);
+	sem_rows = pg_malloc0(sizeof(SemRow) * (sem_nrows + 1));
+	for (i = 0; i < sem_nrows; i++)
+	{
+		SemRow	   *row = &sem_rows[i];
+		const char *k = PQgetvalue(res, i, 0);
+		const ChaosOp *r = NULL;
+		int			n;
+
+		row->key = -1;
+		if (sscanf(k, "s%d", &n) == 1 && n >= 0 && n < nkeys)
+			row->key = n;
+		else if (sscanf(k, "r%d", &n) == 1 && n >= 0 && n < nrw)
+			row->key = nkeys + n;
+		row->fence = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+		row->worker = atoi(PQgetvalue(res, i, 2));
+		row->op = atoi(PQgetvalue(res, i, 3));
+		row->seq = strtoll(PQgetvalue(res, i, 4), NULL, 10);
+		row->at = strtoll(PQgetvalue(res, i, 5), NULL, 10);
+		row->end = strtoll(PQgetvalue(res, i, 6), NULL, 10);
+		if (row->worker >= 0 && row->worker < nworkers &&
+			row->op >= 0 && row->op < wlog_n[row->worker])
+			r = &wlog[row->worker][row->op];
+		if (r == NULL || r->type != OP_WRITE || r->key != row->key ||
+			r->value != row->seq || r->fence != row->fence)
+		{
+			violation(V_PHANTOM, "%s fence " INT64_FORMAT " seq " INT64_FORMAT " by worker %d op %d matches no write in the logs",
+					  k, row->fence, row->seq, row->worker, row->op);
+			continue;
+		}
+		row->matched = true;
+		row->kind = lease_kind(r);
+		in_db[row->worker][row->op] = true;
+		written_at[row->worker][row->op] = row->at;
+		if (r->outcome != OUT_OK && r->outcome != OUT_INDET)
+			violation(V_PHANTOM, "%s fence " INT64_FORMAT " seq " INT64_FORMAT " by worker %d op %d was reported failed (%s) but is in the database",
+					  k, row->fence, row->seq, row->worker, row->op, r->sqlstate);
+	}
+	PQclear(res);
+	qsort(sem_rows, sem_nrows, sizeof(SemRow), cmp_sem_row);
+	return true;
+}
+
+/*
+ * The server's end of the lease granted by g, as its holder's log tells
+ * it: the expires_at of its last acknowledged renewal (or of its grant),
+ * or, if it was released, the server's clock before the release, whichever
+ * is earlier.  Each acknowledged renewal found the lease live and set its
+ * expiry, so the lease was live until then (unless released).  Returns
+ * false when a release of it had an unknown outcome: it may have ended at
+ * any moment after that release was sent.
+ */
+static bool
+sem_lease_end(const ChaosOp *g, int64 *end)
+{
+	const ChaosOp *wl = wlog[g->worker];
+	int64		e = g->expires_srv;
+	int64		released = PG_INT64_MAX;
+	int			k;
+
+	for (k = g->op + 1; k < wlog_n[g->worker]; k++)
+	{
+		const ChaosOp *p = &wl[k];
+
+		if (p->key != g->key || p->fence != g->fence)
+			continue;
+		if (p->type == OP_RENEW && p->outcome == OUT_OK)
+			e = p->expires_srv;
+		else if (p->type == OP_RELEASE && p->outcome == OUT_OK)
+			released = Min(released, p->srv_at);
+		else if (p->type == OP_RELEASE && p->outcome != OUT_NONE)
+			return false;
+	}
+	*end = Min(e, released);
+	return true;
+}
+
+/* a grant's start or end in the sweep of sem_check_permits */
+typedef struct SemEvent
+{
+	int64		t;				/* the server's clock */
+	int			delta;			/* +1 the grant, -1 the end */
+	const ChaosOp *g;
+} SemEvent;
+
+static int
+cmp_sem_event(const void *a, const void *b)
+{
+	const SemEvent *x = (const SemEvent *) a;
+	const SemEvent *y = (const SemEvent *) b;
+
+	if (x->t != y->t)
+		return x->t < y->t ? -1 : 1;
+	/* a lease's end before a grant at the same moment: [grant, end) */
+	return x->delta - y->delta;
+}
+
+/*
+ * No more than N permits of a semaphore key live at one moment, by the
+ * server's clock: the acknowledged grants of the key (grants[from .. to -
+ * 1]), each live from its grant's clock_timestamp() (after the grant, in
+ * its statement: the permit was taken by then) until sem_lease_end (a
+ * lower bound of its end).  Each permit has one lease at a time, and the
+ * next grant of it waits for its end (and for the writers under it: a
+ * grant locks the permit as a grant of an exclusive key does), so two
+ * leases of one permit never overlap so counted; nor across a crash in
+ * memory mode, where the horizon keeps every key until the end of the
+ * leases the crash dropped.  Leases whose release had an unknown outcome
+ * are left out (fewer counted: never a false violation).
+ */
+static void
+sem_check_permits(ChaosOp **grants, int from, int to)
+{
+	SemEvent   *ev = pg_malloc(sizeof(SemEvent) * (2 * (to - from) + 1));
+	const ChaosOp **live = pg_malloc(sizeof(ChaosOp *) * (to - from + 1));
+	int			nev = 0,
+				nlive = 0,
+				i,
+				c;
+
+	for (i = from; i < to; i++)
+	{
+		const ChaosOp *g = grants[i];
+		int64		end;
+
+		if (!sem_lease_end(g, &end))
+		{
+			s_leases_skipped++;
+			continue;
+		}
+		if (end <= g->srv_at)
+			continue;
+		ev[nev].t = g->srv_at;
+		ev[nev].delta = 1;
+		ev[nev++].g = g;
+		ev[nev].t = end;
+		ev[nev].delta = -1;
+		ev[nev++].g = g;
+		s_leases_checked++;
+		for (c = 0; c < ncrashes; c++)
+			if (crash_pre_memory[c] && crash_at[c][0] > g->t_done &&
+				certain_end(g, crash_at[c][0], crash_at[c][0]) > crash_at[c][0])
+			{
+				s_live_at_crash++;
+				break;
+			}
+	}
+	qsort(ev, nev, sizeof(SemEvent), cmp_sem_event);
+	for (i = 0; i < nev; i++)
+	{
+		const ChaosOp *g = ev[i].g;
+		int			j;
+
+		if (ev[i].delta < 0)
+		{
+			for (j = 0; j < nlive; j++)
+				if (live[j] == g)
+				{
+					live[j] = live[--nlive];
+					break;
+				}
+			continue;
+		}
+		live[nlive++] = g;
+		s_max_live = Max(s_max_live, nlive);
+		if (nlive == npermits)
+			s_live_at_n++;
+		if (nlive > npermits)
+		{
+			StringInfoData others;
+
+			initStringInfo(&others);
+			for (j = 0; j < nlive - 1; j++)
+				appendStringInfo(&others, "%s" INT64_FORMAT " (worker %d op %d)",
+								 j > 0 ? ", " : "", live[j]->fence, live[j]->worker, live[j]->op);
+			violation(V_SEM_GRANTS, "%s: fence " INT64_FORMAT " (worker %d op %d, invoked at %.6f s) granted while %d leases of the key were live by the server's clock: %s",
+					  kname(g->key), g->fence, g->worker, g->op, rel(g->t_inv),
+					  nlive - 1, others.data);
+			pfree(others.data);
+		}
+	}
+	pg_free(ev);
+	pg_free(live);
+}
+
+/*
+ * The grants of a shared/exclusive key (grants[from .. to - 1], in token
+ * order), judged by exclusion_pair: each exclusive grant against every
+ * grant since the key's previous exclusive one (that one included), each
+ * shared grant against the previous exclusive one.  (Earlier leases ended
+ * before that exclusive one was granted, which ended before this grant.)
+ * A grant's token is drawn under the key's lock, which a shared grant and
+ * an exclusive grant take in conflicting modes: their token order is their
+ * order.
+ */
+static void
+sem_check_rw_grants(ChaosOp **grants, int from, int to)
+{
+	int			px = -1;
+	int			i,
+				a;
+
+	for (i = from; i < to; i++)
+	{
+		const ChaosOp *b = grants[i];
+
+		if (i > from && lease_kind(grants[i - 1]) == F_SHARED && lease_kind(b) == 0)
+			s_x_after_s++;
+		if (i > from && lease_kind(grants[i - 1]) == 0 && lease_kind(b) == F_SHARED)
+			s_s_after_x++;
+		if (lease_kind(b) == 0)
+		{
+			for (a = px < 0 ? from : px; a < i; a++)
+				exclusion_pair(grants[a], b);
+			px = i;
+		}
+		else if (px >= 0)
+			exclusion_pair(grants[px], b);
+	}
+}
+
+/*
+ * The grants: per semaphore key, never more than N permits live at one
+ * moment; per shared/exclusive key, an exclusive grant never while another
+ * lease of the key was live, nor a shared grant while an exclusive one
+ * was.  grants: the acknowledged grants by key and token.
+ */
+static void
+sem_check_grants(ChaosOp **grants, int ngrants)
+{
+	int			i = 0;
+
+	while (i < ngrants)
+	{
+		int			j = i;
+
+		while (j < ngrants && grants[j]->key == grants[i]->key)
+		{
+			s_grants[lease_kind(grants[j]) == F_PERMITS ? 0 :
+					 lease_kind(grants[j]) == F_SHARED ? 1 : 2]++;
+			j++;
+		}
+		if (grants[i]->key < nkeys)
+			sem_check_permits(grants, i, j);
+		else
+			sem_check_rw_grants(grants, i, j);
+		i = j;
+	}
+}
+
+/*
+ * The history, by the server's clock.  A write under token t is inside
+ * its fence from the check of t (by dlock.fenced, before written_at is
+ * read) until its COMMIT (after done_at): all that time it holds the lock
+ * of t's permit (or of the key, for an exclusive or shared lease) in share
+ * mode, and the next grant of that permit (of the key) waits for it; a
+ * write under t after that grant is refused.  So [written_at, done_at]
+ * (written_at alone for one statement) of writes under two leases that
+ * exclude each other never overlap, and for one permit the next lease's
+ * writes begin after the previous one's COMMIT: done_at < written_at,
+ * with a grant and a synchronous commit between them.  Hence:
+ *
+ * - every accepted write's token was granted (acknowledged) to its client,
+ *   before the write;
+ * - per semaphore key, the writes open at the moment any of them began
+ *   (written_at) are under at most N distinct tokens (the most overlapping
+ *   closed intervals meet at some interval's start);
+ * - per shared/exclusive key, no write under an exclusive token overlaps a
+ *   write under another token;
+ * - per shared/exclusive key, a write ends (done_at) before the grant
+ *   (its clock_timestamp(), after the grant) of every later lease that
+ *   excludes it: every later one for an exclusive lease's write, every
+ *   later exclusive one for a shared lease's.
+ *
+ * grants: the acknowledged grants by key and token.
+ */
+static void
+sem_check_rows(ChaosOp **grants, int ngrants)
+{
+	int64	   *after_all = pg_malloc(sizeof(int64) * (ngrants + 1));
+	int64	   *after_x = pg_malloc(sizeof(int64) * (ngrants + 1));
+	const SemRow **active = pg_malloc(sizeof(SemRow *) * (sem_nrows + 1));
+	int			nactive = 0;
+	int			cur = -1;
+	int			i,
+				j,
+				k;
+
+	/* per key, the earliest grant (server clock) from each grant on */
+	for (i = ngrants - 1; i >= 0; i--)
+	{
+		bool		same = i + 1 < ngrants && grants[i + 1]->key == grants[i]->key;
+		int64		a = same ? after_all[i + 1] : PG_INT64_MAX;
+		int64		x = same ? after_x[i + 1] : PG_INT64_MAX;
+
+		after_all[i] = Min(a, grants[i]->srv_at);
+		after_x[i] = lease_kind(grants[i]) == 0 ? Min(x, grants[i]->srv_at) : x;
+	}
+
+	for (i = 0; i < sem_nrows; i++)
+	{
+		const SemRow *row = &sem_rows[i];
+		ChaosOp		probe;
+		int			lo,
+					next;
+
+		if (!row->matched)
+			continue;
+		if (row->key != cur)
+		{
+			cur = row->key;
+			nactive = 0;
+		}
+
+		/* the token is its client's */
+		memset(&probe, 0, sizeof(probe));
+		probe.key = row->key;
+		probe.fence = row->fence;
+		lo = first_grant_at(grants, ngrants, &probe);
+		if (lo >= ngrants || grants[lo]->key != row->key || grants[lo]->fence != row->fence)
+			violation(V_SEM_FOREIGN, "%s fence " INT64_FORMAT ": a write by worker %d (op %d) was accepted, but no client was acknowledged that token",
+					  kname(row->key), row->fence, row->worker, row->op);
+		else if (grants[lo]->worker != row->worker || grants[lo]->op > row->op)
+			violation(V_SEM_FOREIGN, "%s fence " INT64_FORMAT ": a write by worker %d (op %d) was accepted, but the token was granted to worker %d (op %d)",
+					  kname(row->key), row->fence, row->worker, row->op,
+					  grants[lo]->worker, grants[lo]->op);
+		if (wlog[row->worker][row->op].flags & F_TXN)
+			s_txn_writes++;
+
+		/* the writes still open when this one began, and this one */
+		for (j = k = 0; j < nactive; j++)
+			if (active[j]->end >= row->at)
+				active[k++] = active[j];
+		nactive = k;
+		active[nactive++] = row;
+
+		if (row->key < nkeys)
+		{
+			int			distinct = 0;
+
+			for (j = 0; j < nactive; j++)
+			{
+				for (k = 0; k < j; k++)
+					if (active[k]->fence == active[j]->fence)
+						break;
+				if (k == j)
+					distinct++;
+			}
+			s_writes_checked++;
+			s_max_writers = Max(s_max_writers, distinct);
+			if (distinct == npermits)
+				s_writers_at_n++;
+			if (distinct > npermits)
+			{
+				StringInfoData open;
+
+				initStringInfo(&open);
+				for (j = 0; j < nactive - 1; j++)
+					appendStringInfo(&open, "%sfence " INT64_FORMAT " (worker %d op %d, %.3f ms left)",
+									 j > 0 ? ", " : "", active[j]->fence, active[j]->worker,
+									 active[j]->op, (active[j]->end - row->at) / 1000.0);
+				violation(V_SEM_WRITERS, "%s: the write of worker %d (op %d, fence " INT64_FORMAT ") began while writes under %d other tokens of the key were open (N = %d): %s",
+						  kname(row->key), row->worker, row->op, row->fence,
+						  distinct - 1, npermits, open.data);
+				pfree(open.data);
+			}
+			continue;
+		}
+
+		/* a shared/exclusive key: an exclusive lease's writes overlap none */
+		s_rw_checked++;
+		for (j = 0; j < nactive - 1; j++)
+			if (active[j]->fence != row->fence &&
+				(active[j]->kind == 0 || row->kind == 0))
+			{
+				violation(V_RW_OVERLAP, "%s: the write of worker %d (op %d, %s fence " INT64_FORMAT ") began %.3f ms before the write of worker %d (op %d, %s fence " INT64_FORMAT ") ended (its done_at)",
+						  kname(row->key), row->worker, row->op, kind_name(row->kind),
+						  row->fence, (active[j]->end - row->at) / 1000.0,
+						  active[j]->worker, active[j]->op, kind_name(active[j]->kind),
+						  active[j]->fence);
+				break;
+			}
+		if (row->kind == F_SHARED)
+			for (j = 0; j < nactive - 1; j++)
+				if (active[j]->kind == F_SHARED && active[j]->fence != row->fence)
+				{
+					s_shared_together++;
+					break;
+				}
+
+		/* before every later grant that excludes it */
+		next = (lo < ngrants && grants[lo]->key == row->key && grants[lo]->fence == row->fence) ?
+			lo + 1 : lo;
+		if (next < ngrants && grants[next]->key == row->key)
+		{
+			int64		limit = row->kind == 0 ? after_all[next] : after_x[next];
+
+			s_after_checked++;
+			if (row->end >= limit)
+			{
+				const ChaosOp *g = NULL;
+
+				for (j = next; j < ngrants && grants[j]->key == row->key; j++)
+					if (grants[j]->srv_at == limit &&
+						(row->kind == 0 || lease_kind(grants[j]) == 0))
+					{
+						g = grants[j];
+						break;
+					}
+				violation(V_RW_AFTER, "%s: the write of worker %d (op %d, %s fence " INT64_FORMAT ") ended (its done_at) %.3f ms after the grant of the %s lease with fence " INT64_FORMAT " (worker %d op %d) was made",
+						  kname(row->key), row->worker, row->op, kind_name(row->kind),
+						  row->fence, (row->end - limit) / 1000.0,
+						  g ? kind_name(lease_kind(g)) : "?", g ? g->fence : 0,
+						  g ? g->worker : -1, g ? g->op : -1);
+			}
+		}
+	}
+	pg_free(after_all);
+	pg_free(after_x);
+	pg_free(active);
+}
+
+/*
  * The counter workload's database side: per key, the history's values are
  * exactly 1..n with fences that never go down, each row is a write of the
  * logs that was not refused (in_db, written_at), and the counters agree.
@@ -4065,6 +5253,7 @@ check(void)
 			  **bydone;
 	int64	   *released;
 	int64	   *minlater;
+	int64	   *minlater_x;
 	int			ngrants = 0,
 				nreleased = 0,
 				w,
@@ -4095,7 +5284,8 @@ check(void)
 	}
 	if (sabotage && !sabotage_after_run(conn))
 		return -1;
-	if (!(election ? check_election_history(conn) : check_counter_history(conn)))
+	if (!(election ? check_election_history(conn) :
+		  semaphore ? check_semaphore_history(conn) : check_counter_history(conn)))
 		return -1;
 
 	/* the logs' side */
@@ -4114,6 +5304,7 @@ check(void)
 	bydone = pg_malloc(sizeof(ChaosOp *) * (ngrants + 1));
 	released = pg_malloc(sizeof(int64) * (nreleased + 1));
 	minlater = pg_malloc(sizeof(int64) * (ngrants + 1));
+	minlater_x = pg_malloc(sizeof(int64) * (ngrants + 1));
 	ngrants = nreleased = 0;
 	for (w = 0; w < nworkers; w++)
 		for (i = 0; i < wlog_n[w]; i++)
@@ -4179,29 +5370,39 @@ check(void)
 				j++;
 			}
 			if (maxrec != NULL && byinv[i]->fence <= maxfence)
-				violation(V_TOKEN_ORDER, "grant of %s%d by worker %d invoked at %.6f s got fence " INT64_FORMAT ", but %s%d had been granted fence " INT64_FORMAT " (worker %d, acknowledged at %.6f s)",
-						  kp, byinv[i]->key, byinv[i]->worker, rel(byinv[i]->t_inv), byinv[i]->fence,
-						  kp, maxrec->key, maxfence, maxrec->worker, rel(maxrec->t_done));
+				violation(V_TOKEN_ORDER, "grant of %s by worker %d invoked at %.6f s got fence " INT64_FORMAT ", but %s had been granted fence " INT64_FORMAT " (worker %d, acknowledged at %.6f s)",
+						  kname(byinv[i]->key), byinv[i]->worker, rel(byinv[i]->t_inv), byinv[i]->fence,
+						  kname(maxrec->key), maxfence, maxrec->worker, rel(maxrec->t_done));
 		}
 	}
 
 	/*
 	 * Per key, by fence: takeovers, and for each grant the earliest
-	 * acknowledgement of any later grant of the key (suffix minimum).
+	 * acknowledgement of any later grant of the key (suffix minimum); of
+	 * any later exclusive grant, for the semaphore workload's shared leases.
 	 */
 	for (i = ngrants - 1; i >= 0; i--)
 	{
 		int64		m = PG_INT64_MAX;
+		int64		mx = PG_INT64_MAX;
 
 		if (i + 1 < ngrants && grants[i + 1]->key == grants[i]->key)
+		{
 			m = Min(minlater[i + 1], grants[i + 1]->t_done);
+			mx = (grants[i + 1]->flags & F_KIND_MASK) == 0 ?
+				Min(minlater_x[i + 1], grants[i + 1]->t_done) : minlater_x[i + 1];
+		}
 		minlater[i] = m;
+		minlater_x[i] = mx;
 		if (i > 0 && grants[i - 1]->key == grants[i]->key &&
 			!bsearch(&grants[i - 1]->fence, released, nreleased, sizeof(int64), cmp_int64))
 			c_takeovers++;
 	}
 
-	check_exclusion(grants, ngrants);
+	if (semaphore)
+		sem_check_grants(grants, ngrants);
+	else
+		check_exclusion(grants, ngrants);
 	if (forge)
 		check_forged(conn, grants, ngrants);
 	if (election)
@@ -4241,14 +5442,14 @@ check(void)
 			if (r->outcome == OUT_REFUSED)
 				c_refused++;
 			if (r->outcome == OUT_OK && !accepted)
-				violation(V_LOST, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) was committed at %.3f s but is not in the database",
-						  kp, r->key, r->value, r->fence, w, i, rel(r->t_done));
+				violation(V_LOST, "%s value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) was committed at %.3f s but is not in the database",
+						  kname(r->key), r->value, r->fence, w, i, rel(r->t_done));
 			if (!accepted)
 				continue;
 			c_accepted++;
 			if (r->t_ins > r->deadline + SLACK_US || stale)
-				violation(V_STALE, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d%s%s): written %.1f ms after the lease had expired, at the latest",
-						  kp, r->key, r->value, r->fence, w, i,
+				violation(V_STALE, "%s value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d%s%s): written %.1f ms after the lease had expired, at the latest",
+						  kname(r->key), r->value, r->fence, w, i,
 						  (r->flags & F_PAUSE_BEFORE) ? ", paused before" : "",
 						  (r->flags & F_PAUSE_INSIDE) ? ", paused inside" : "",
 						  (Max(r->t_ins, r->t_upd) - r->deadline) / 1000.0);
@@ -4270,24 +5471,35 @@ check(void)
 				{
 					c_srv_checked++;
 					if (written_at[w][i] >= limit)
-						violation(V_STALE_SRV, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d): written_at is %.3f ms after the lease's expires_at",
-								  kp, r->key, r->value, r->fence, w, i,
+						violation(V_STALE_SRV, "%s value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d): written_at is %.3f ms after the lease's expires_at",
+								  kname(r->key), r->value, r->fence, w, i,
 								  (written_at[w][i] - limit) / 1000.0);
 				}
 			}
-			/* find this write's grant among the key's grants */
+			/*
+			 * Find this write's grant among the key's grants.  (Semaphore
+			 * workload: the permits of a key coexist, so only a
+			 * shared/exclusive key's later grants supersede a lease: every
+			 * later one an exclusive lease, every later exclusive one a
+			 * shared lease.)
+			 */
 			lo = first_grant_at(grants, ngrants, r);
 			/* grants[lo] is the first with (key, fence) >= the write's */
 			{
 				int64		first_later = PG_INT64_MAX;
+				bool		shared_w = semaphore && (r->flags & F_SHARED);
+				const int64 *ml = shared_w ? minlater_x : minlater;
 
-				if (lo < ngrants && grants[lo]->key == r->key && grants[lo]->fence == r->fence)
-					first_later = minlater[lo];
+				if (semaphore && r->key < nkeys)
+					first_later = PG_INT64_MAX; /* permits coexist */
+				else if (lo < ngrants && grants[lo]->key == r->key && grants[lo]->fence == r->fence)
+					first_later = ml[lo];
 				else if (lo < ngrants && grants[lo]->key == r->key)
-					first_later = Min(grants[lo]->t_done, minlater[lo]);
+					first_later = (!shared_w || (grants[lo]->flags & F_KIND_MASK) == 0) ?
+						Min(grants[lo]->t_done, ml[lo]) : ml[lo];
 				if (first_later < r->t_commit)
-					violation(V_NEWER, "%s%d value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) committed (COMMIT sent at %.6f s) after a grant of a larger token was acknowledged at %.6f s",
-							  kp, r->key, r->value, r->fence, w, i, rel(r->t_commit), rel(first_later));
+					violation(V_NEWER, "%s value " INT64_FORMAT " fence " INT64_FORMAT " (worker %d op %d) committed (COMMIT sent at %.6f s) after a grant of a larger token was acknowledged at %.6f s",
+							  kname(r->key), r->value, r->fence, w, i, rel(r->t_commit), rel(first_later));
 			}
 		}
 
@@ -4298,12 +5510,18 @@ check(void)
 		el_check_campaigners(grants, ngrants, minlater);
 		el_check_observers();
 	}
+	if (semaphore)
+	{
+		sem_check_rows(grants, ngrants);
+		/* holders refused while their lease was certainly live */
+		el_check_campaigners(grants, ngrants, minlater);
+	}
 
 	check_server_log();
 
 	printf("dlock-chaos: ran %.1f s, %d workers, %d keys, seed " UINT64_FORMAT "%s\n",
 		   rel(now_us()), nworkers, nkeys, seed,
-		   no_fence ? (election ? ", NO dlock.fenced IN THE WRITES" : ", NO FENCING TRIGGER") : "");
+		   no_fence ? (election || semaphore ? ", NO dlock.fenced IN THE WRITES" : ", NO FENCING TRIGGER") : "");
 	printf("dlock-chaos: write attempts %ld, refused (LF001) %ld, cut off by the nemesis %ld; stale writes cut off %ld; crash kinds: immediate stop %ld, postmaster SIGKILL %ld, backend SIGKILL %ld\n",
 		   c_attempts, c_refused, c_lostconn, c_stale_cut, n_crash_immediate, n_crash_pmkill, n_crash_backendkill);
 	printf("dlock-chaos: accepted writes checked against the server's expires_at: %ld (skipped, a renewal's outcome unknown: %ld)\n",
@@ -4327,6 +5545,13 @@ check(void)
 			   e_refusals_checked, e_observations, e_leader_rows, e_obs_timeouts,
 			   e_leader_none, e_obs_changes, e_obs_vs_acked, e_obs_vs_live,
 			   e_overlap_pairs, e_horizon_pairs);
+	if (semaphore)
+		printf("dlock-chaos: semaphore: %d keys of %d permits, %d shared/exclusive keys, %d clients of which %d readers; grants acknowledged: permits %ld, shared %ld, exclusive %ld (an exclusive grant right after a shared one, by token: %ld; a shared one right after an exclusive one: %ld); accepted writes of two statements %ld; writes refused (LF001) %ld; permit writes checked for at most N permits' writes at one moment %ld, most permits written under at one moment %d (writes begun with N permits' writes open: %ld); permits checked for at most N live at one moment %ld (skipped, a release's outcome unknown: %ld), most permits live at one moment %d (grants with N then live: %ld), permits certainly live when a crash-restart in memory mode began: %ld; shared/exclusive writes checked for overlap %ld (shared writes begun while another shared lease's was open: %ld), checked against the later grants that exclude them %ld; holders' refusals checked against a certainly live lease %ld\n",
+			   nkeys, npermits, nrw, nworkers, nreaders, s_grants[0], s_grants[1],
+			   s_grants[2], s_x_after_s, s_s_after_x, s_txn_writes, c_refused,
+			   s_writes_checked, s_max_writers, s_writers_at_n, s_leases_checked,
+			   s_leases_skipped, s_max_live, s_live_at_n, s_live_at_crash,
+			   s_rw_checked, s_shared_together, s_after_checked, e_refusals_checked);
 	for (i = 0; i < (int) lengthof(vio_name); i++)
 		if (vio_kind[i] > 0)
 			printf("dlock-chaos: violations: %s: %ld\n", vio_name[i], vio_kind[i]);
@@ -4340,6 +5565,11 @@ check(void)
 			   e_epochs_written, e_leader_changes, e_proclaims, e_proclaims_refused,
 			   e_stale_proclaims, e_stale_proclaims_refused, c_refused,
 			   e_observations, e_obs_changes);
+	if (semaphore)
+		printf(" permit_grants=%ld shared_grants=%ld exclusive_grants=%ld writes_refused=%ld max_permit_writers=%d permit_writers_at_n=%ld max_permits_live=%d permits_live_at_n=%ld shared_together=%ld exclusive_after_shared=%ld shared_after_exclusive=%ld",
+			   s_grants[0], s_grants[1], s_grants[2], c_refused, s_max_writers,
+			   s_writers_at_n, s_max_live, s_live_at_n, s_shared_together,
+			   s_x_after_s, s_s_after_x);
 	printf(" violations=%ld\n", violations);
 	fflush(stdout);
 	return violations;
@@ -4451,12 +5681,18 @@ usage(void)
 		   "                      above all right after each crash-restart\n"
 		   "  --switch-modes      half of the crash-restarts (with --pgdata) come back\n"
 		   "                      in the other dlock.storage mode (needs dlock preloaded)\n"
-		   "  --workload=KIND     counter (default: leases, fenced read-modify-writes)\n"
-		   "                      or election (dlock.campaign, proclaim, fenced writes,\n"
+		   "  --workload=KIND     counter (default: leases, fenced read-modify-writes),\n"
+		   "                      election (dlock.campaign, proclaim, fenced writes,\n"
 		   "                      observe and leader; --keys is then the number of\n"
-		   "                      elections)\n"
+		   "                      elections) or semaphore (permits of --keys keys,\n"
+		   "                      shared and exclusive leases of half as many more,\n"
+		   "                      fenced writes)\n"
 		   "  --observers=N       election: how many of the workers observe (default\n"
 		   "                      a quarter, at least one); the others campaign\n"
+		   "  --permits=N         semaphore: permits per key (default 3)\n"
+		   "  --readers=N         semaphore: how many of the workers take shared leases\n"
+		   "                      (default a fifth, at least one); the others permits\n"
+		   "                      and exclusive leases\n"
 		   "  --no-fence          debug: leave the tables unprotected by fence_guard\n"
 		   "                      (election: dlock.fenced out of the writes; the\n"
 		   "                      check must then report violations)\n"
@@ -4465,7 +5701,8 @@ usage(void)
 		   "                      delete-history, forge-history, server-log,\n"
 		   "                      superseded, expired, async-commit, steal, forge;\n"
 		   "                      election only: usurp, proclaim-back,\n"
-		   "                      stale-proclaim\n"
+		   "                      stale-proclaim; semaphore only: borrow, overcommit,\n"
+		   "                      lost-renewal, stale-reader\n"
 		   "  -d, --dbname=DB     database name or connection string\n"
 		   "  -h, --host=HOST     server host or socket directory\n"
 		   "  -p, --port=PORT     server port\n"
@@ -4513,6 +5750,8 @@ main(int argc, char **argv)
 		{"switch-modes", no_argument, NULL, 15},
 		{"workload", required_argument, NULL, 16},
 		{"observers", required_argument, NULL, 17},
+		{"permits", required_argument, NULL, 18},
+		{"readers", required_argument, NULL, 19},
 		{"dbname", required_argument, NULL, 'd'},
 		{"host", required_argument, NULL, 'h'},
 		{"port", required_argument, NULL, 'p'},
@@ -4608,18 +5847,26 @@ main(int argc, char **argv)
 				switch_modes = true;
 				break;
 			case 16:
+				election = semaphore = false;
 				if (strcmp(optarg, "election") == 0)
 					election = true;
-				else if (strcmp(optarg, "counter") == 0)
-					election = false;
-				else
+				else if (strcmp(optarg, "semaphore") == 0)
+					semaphore = true;
+				else if (strcmp(optarg, "counter") != 0)
 				{
-					fprintf(stderr, "dlock-chaos: unknown --workload \"%s\" (counter, election)\n", optarg);
+					fprintf(stderr, "dlock-chaos: unknown --workload \"%s\" (counter, election, semaphore)\n", optarg);
 					exit(2);
 				}
 				break;
 			case 17:
 				nobservers = (int) int_arg("observers", optarg, 0, MAX_WORKERS);
+				break;
+			case 18:
+				npermits = (int) int_arg("permits", optarg, 1, 1000);
+				permits_given = true;
+				break;
+			case 19:
+				nreaders = (int) int_arg("readers", optarg, 0, MAX_WORKERS);
 				break;
 			case 'd':
 				dbname = optarg;
@@ -4670,6 +5917,43 @@ main(int argc, char **argv)
 		fprintf(stderr, "dlock-chaos: --observers and --sabotage=usurp, proclaim-back, stale-proclaim need --workload election\n");
 		exit(2);
 	}
+	if (semaphore && (forge || (sabotage & (S_SETVAL | S_FORGE_BYPASS | S_SUPERSEDED | S_EXPIRED))))
+	{
+		fprintf(stderr, "dlock-chaos: --workload semaphore does not run the forger (--forge) nor --sabotage=setval, forge, superseded, expired (see lost-renewal, stale-reader)\n");
+		exit(2);
+	}
+	if (!semaphore && (permits_given || nreaders >= 0 ||
+					   (sabotage & (S_BORROW | S_OVERCOMMIT | S_LOST_RENEWAL | S_STALE_READER))))
+	{
+		fprintf(stderr, "dlock-chaos: --permits, --readers and --sabotage=borrow, overcommit, lost-renewal, stale-reader need --workload semaphore\n");
+		exit(2);
+	}
+	if (semaphore)
+	{
+		nrw = Max(1, nkeys / 2);
+		if (nkeys + nrw > MAX_KEYS)
+		{
+			fprintf(stderr, "dlock-chaos: --workload semaphore takes at most %d keys\n", MAX_KEYS * 2 / 3);
+			exit(2);
+		}
+		if (nreaders < 0)
+			nreaders = nworkers >= 2 ? Max(1, (nworkers + 2) / 5) : 0;
+		if (nreaders >= nworkers)
+		{
+			fprintf(stderr, "dlock-chaos: --readers must leave a permit client among the %d workers\n", nworkers);
+			exit(2);
+		}
+		if ((sabotage & S_STALE_READER) && nreaders == 0)
+		{
+			fprintf(stderr, "dlock-chaos: --sabotage=stale-reader needs a reader\n");
+			exit(2);
+		}
+		if ((sabotage & S_OVERCOMMIT) && npermits >= MAX_OVERCOMMIT)
+		{
+			fprintf(stderr, "dlock-chaos: --sabotage=overcommit needs --permits below %d\n", MAX_OVERCOMMIT);
+			exit(2);
+		}
+	}
 	if (election)
 	{
 		if (nobservers < 0)
@@ -4684,6 +5968,7 @@ main(int argc, char **argv)
 	}
 	else
 	{
+		/* semaphore: every client's refusals are checked as campaigners' */
 		nobservers = 0;
 		ncampaigners = nworkers;
 	}
@@ -4713,6 +5998,11 @@ main(int argc, char **argv)
 	if (election)
 		printf("dlock-chaos: %d s, election workload: %d campaigners, %d observers, %d elections, seed " UINT64_FORMAT "%s%s\n",
 			   duration_s, ncampaigners, nobservers, nkeys, seed,
+			   no_fence ? ", NO dlock.fenced IN THE WRITES (debug)" : "",
+			   sabotage ? ", SABOTAGED (debug)" : "");
+	else if (semaphore)
+		printf("dlock-chaos: %d s, semaphore workload: %d clients of which %d readers, %d keys of %d permits, %d shared/exclusive keys, seed " UINT64_FORMAT "%s%s\n",
+			   duration_s, nworkers, nreaders, nkeys, npermits, nrw, seed,
 			   no_fence ? ", NO dlock.fenced IN THE WRITES (debug)" : "",
 			   sabotage ? ", SABOTAGED (debug)" : "");
 	else
