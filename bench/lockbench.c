@@ -6,6 +6,7 @@
  *	lockbench --workload W [--clients N] [--seconds S | --cycles C]
  *			  [--keys K] [--key-prefix P] [--key-suffix X] [--ttl-s T]
  *			  [--wait-s V] [--sync on|off] [--redis SOCKET]
+ *			  [--permits N] [--mode exclusive|shared]
  *
  * Starts N threads, each with its own connection (PostgreSQL: libpq's PG*
  * environment; Redis: the unix socket SOCKET), waits until all are
@@ -19,6 +20,8 @@
  *				SELECT dlock.release($1, $2)
  *	dlock-wait	SELECT owner FROM dlock.acquire($1, $2, wait => $3)	(V s)
  *				SELECT dlock.release($1, $2)
+ *	campaign	SELECT owner FROM dlock.campaign($1, 'lockbench', $2, wait => $3)
+ *				SELECT dlock.release($1, $2)	(dlock 0.7: an election)
  *	advisory	SELECT pg_try_advisory_lock($1)	 (the key as a bigint, 1..K)
  *				SELECT pg_advisory_unlock($1)
  *	advisory-wait	SELECT pg_advisory_lock($1), then pg_advisory_unlock($1)
@@ -49,6 +52,11 @@
  * bench/locks with a long TTL) from the table lease_tokens of
  * bench/locks_setup.sql at connect (not from dlock.leases, which holds no
  * lease with dlock.storage = memory).
+ *
+ * --permits N (2 and up) and --mode shared (dlock 0.7) add "permits => N"
+ * and "mode => 'shared'" to the acquire of dlock and dlock-wait: one of N
+ * permits of the key, or a shared lease.  Without them the statements are
+ * exactly those above, which every dlock version accepts.
  *
  * PostgreSQL statements are prepared once per connection, the Lua script is
  * loaded once per connection; --sync sets synchronous_commit at connect.
@@ -90,14 +98,14 @@
 typedef enum
 {
 	W_DLOCK, W_DLOCK_WAIT, W_ADVISORY, W_ADVISORY_WAIT, W_SQLLEASE, W_REDIS,
-	W_RENEW, W_UPDATE_PLAIN, W_UPDATE_FENCED, W_UPDATE_FENCED_JOIN,
+	W_CAMPAIGN, W_RENEW, W_UPDATE_PLAIN, W_UPDATE_FENCED, W_UPDATE_FENCED_JOIN,
 	W_BULK_PLAIN, W_BULK_FENCED,
 	W_COUNT
 } Workload;
 
 static const char *const workload_names[W_COUNT] = {
 	"dlock", "dlock-wait", "advisory", "advisory-wait", "sqllease", "redis",
-	"renew", "update-plain", "update-fenced", "update-fenced-join",
+	"campaign", "renew", "update-plain", "update-fenced", "update-fenced-join",
 	"bulk-plain", "bulk-fenced",
 };
 
@@ -116,6 +124,7 @@ static const char *const first_sql[W_COUNT] = {
 	"ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at "
 	"WHERE l.expires_at < clock_timestamp() "
 	"RETURNING owner",
+	[W_CAMPAIGN] = "SELECT owner FROM dlock.campaign($1, 'lockbench', $2, wait => $3)",
 	[W_RENEW] = "SELECT dlock.renew($1, $2, $3)",
 	[W_UPDATE_PLAIN] = "UPDATE stock_plain SET qty = qty + 1 WHERE id = $1",
 	[W_UPDATE_FENCED] = "UPDATE stock_fenced SET qty = qty + 1 "
@@ -127,7 +136,8 @@ static const char *const first_sql[W_COUNT] = {
 	"FROM (SELECT dlock.use_fence('bulk:' || $1, $2)) AS f WHERE cid = $1",
 };
 static const int first_nparams[W_COUNT] = {
-	[W_DLOCK] = 2, [W_DLOCK_WAIT] = 3, [W_ADVISORY] = 1, [W_ADVISORY_WAIT] = 1,
+	[W_DLOCK] = 2, [W_DLOCK_WAIT] = 3, [W_CAMPAIGN] = 3, [W_ADVISORY] = 1,
+	[W_ADVISORY_WAIT] = 1,
 	[W_SQLLEASE] = 2, [W_RENEW] = 3, [W_UPDATE_PLAIN] = 1, [W_UPDATE_FENCED] = 2,
 	[W_UPDATE_FENCED_JOIN] = 2, [W_BULK_PLAIN] = 1, [W_BULK_FENCED] = 2,
 };
@@ -137,6 +147,7 @@ static const unsigned int id_token_types[2] = {INT4OID, INT8OID};
 static const char *const release_sql[W_COUNT] = {
 	[W_DLOCK] = "SELECT dlock.release($1, $2)",
 	[W_DLOCK_WAIT] = "SELECT dlock.release($1, $2)",
+	[W_CAMPAIGN] = "SELECT dlock.release($1, $2)",
 	[W_ADVISORY] = "SELECT pg_advisory_unlock($1)",
 	[W_ADVISORY_WAIT] = "SELECT pg_advisory_unlock($1)",
 	[W_SQLLEASE] = "DELETE FROM sql_leases WHERE key = $1 AND owner = $2::uuid",
@@ -158,6 +169,8 @@ static int	ttl_s = 30;
 static int	wait_s = 60;
 static const char *sync_commit;
 static const char *redis_socket;
+static int	permits = 1;		/* --permits; 1: the argument left out */
+static bool shared_mode;		/* --mode shared */
 
 static pthread_barrier_t ready;	/* all connected; then the deadline is set */
 static pthread_barrier_t go;
@@ -342,7 +355,8 @@ pg_lock_cycle(Client *c, PGconn *conn, const char *ttl, const char *wait)
 	if (!got)
 	{
 		/* a waiting acquire either grants or raises an error */
-		if (workload == W_ADVISORY_WAIT || workload == W_DLOCK_WAIT)
+		if (workload == W_ADVISORY_WAIT || workload == W_DLOCK_WAIT ||
+			workload == W_CAMPAIGN)
 			die("a waiting acquire returned no lock", key);
 		record_busy(c);
 		return;
@@ -385,6 +399,29 @@ pg_single_cycle(Client *c, PGconn *conn, const char *const *params)
 	PQclear(res);
 	t1 = now_ns();
 	record(c, t0, 0, t1);
+}
+
+/*
+ * The first statement of the workload: first_sql, with the acquire's
+ * permits and mode of --permits and --mode added as constants.
+ */
+static const char *
+acquire_sql(void)
+{
+	static char sql[256];
+	const char *base = first_sql[workload];
+	size_t		len = strlen(base);
+
+	if (permits == 1 && !shared_mode)
+		return base;
+	/* dlock and dlock-wait only (checked in main): base ends with ')' */
+	snprintf(sql, sizeof(sql), "%.*s", (int) (len - 1), base);
+	if (permits > 1)
+		snprintf(sql + strlen(sql), sizeof(sql) - strlen(sql), ", permits => %d", permits);
+	if (shared_mode)
+		snprintf(sql + strlen(sql), sizeof(sql) - strlen(sql), ", mode => 'shared'");
+	snprintf(sql + strlen(sql), sizeof(sql) - strlen(sql), ")");
+	return sql;
 }
 
 /* One client's connection and loop on PostgreSQL. */
@@ -440,7 +477,7 @@ run_pg(Client *c)
 		PQclear(res);
 	}
 
-	pg_prepare(conn, "first", first_sql[workload], first_nparams[workload],
+	pg_prepare(conn, "first", acquire_sql(), first_nparams[workload],
 			   workload == W_UPDATE_FENCED || workload == W_UPDATE_FENCED_JOIN ||
 			   workload == W_BULK_FENCED ||
 			   workload == W_UPDATE_PLAIN || workload == W_BULK_PLAIN ?
@@ -633,9 +670,10 @@ usage(void)
 			"usage: lockbench --workload W [--clients N] [--seconds S | --cycles C]\n"
 			"                 [--keys K] [--key-prefix P] [--key-suffix X] [--ttl-s T]\n"
 			"                 [--wait-s V] [--sync on|off] [--redis SOCKET]\n"
-			"W: dlock, dlock-wait, advisory, advisory-wait, sqllease, redis (needs\n"
-			"   --redis), renew, update-plain, update-fenced, update-fenced-join,\n"
-			"   bulk-plain, bulk-fenced\n");
+			"                 [--permits N] [--mode exclusive|shared]\n"
+			"W: dlock, dlock-wait, campaign, advisory, advisory-wait, sqllease, redis\n"
+			"   (needs --redis), renew, update-plain, update-fenced, update-fenced-join,\n"
+			"   bulk-plain, bulk-fenced; --permits and --mode: dlock and dlock-wait\n");
 	exit(2);
 }
 
@@ -655,6 +693,8 @@ main(int argc, char **argv)
 		{"wait-s", required_argument, NULL, 'x'},
 		{"sync", required_argument, NULL, 'y'},
 		{"redis", required_argument, NULL, 'r'},
+		{"permits", required_argument, NULL, 'P'},
+		{"mode", required_argument, NULL, 'm'},
 		{NULL, 0, NULL, 0}
 	};
 	int			opt;
@@ -720,13 +760,28 @@ main(int argc, char **argv)
 			case 'r':
 				redis_socket = optarg;
 				break;
+			case 'P':
+				permits = atoi(optarg);
+				if (permits < 1 || permits > 1000)
+					usage();
+				break;
+			case 'm':
+				if (strcmp(optarg, "shared") == 0)
+					shared_mode = true;
+				else if (strcmp(optarg, "exclusive") == 0)
+					shared_mode = false;
+				else
+					usage();
+				break;
 			default:
 				usage();
 		}
 	}
 	if (!have_workload || optind < argc || nclients < 1 || seconds < 1 ||
 		nkeys < 1 || ttl_s < 1 || wait_s < 1 ||
-		(workload == W_REDIS) != (redis_socket != NULL))
+		(workload == W_REDIS) != (redis_socket != NULL) ||
+		((permits > 1 || shared_mode) && workload != W_DLOCK && workload != W_DLOCK_WAIT) ||
+		(permits > 1 && shared_mode))
 		usage();
 
 	clients = calloc(nclients, sizeof(Client));
