@@ -6,7 +6,7 @@
  *	lockbench --workload W [--clients N] [--seconds S | --cycles C]
  *			  [--keys K] [--key-prefix P] [--key-suffix X] [--ttl-s T]
  *			  [--wait-s V] [--sync on|off] [--redis SOCKET]
- *			  [--permits N] [--mode exclusive|shared]
+ *			  [--permits N] [--mode exclusive|shared] [--unprepared]
  *
  * Starts N threads, each with its own connection (PostgreSQL: libpq's PG*
  * environment; Redis: the unix socket SOCKET), waits until all are
@@ -58,8 +58,11 @@
  * permits of the key, or a shared lease.  Without them the statements are
  * exactly those above, which every dlock version accepts.
  *
- * PostgreSQL statements are prepared once per connection, the Lua script is
- * loaded once per connection; --sync sets synchronous_commit at connect.
+ * PostgreSQL statements are prepared once per connection (with
+ * --unprepared, each is sent with its text every time, PQexecParams, so the
+ * server parses and plans it every time, as for a client that does not
+ * prepare), the Lua script is loaded once per connection; --sync sets
+ * synchronous_commit at connect.
  * An attempt that finds the key taken is "busy": it is counted apart and is
  * not a cycle.  A cycle's latency runs from sending its first statement to
  * receiving its last result (CLOCK_MONOTONIC); the grant latency of a lock
@@ -69,7 +72,11 @@
  *
  * Prints "name value" lines: workload, clients, seconds, elapsed_s, cycles,
  * cycles_per_s, busy, busy_per_s, p50_ms, p99_ms, max_ms and, for lock
- * workloads, grant_p50_ms, grant_p99_ms, grant_max_ms.  Any error from a
+ * workloads, grant_p50_ms, grant_p99_ms, grant_max_ms; then, on PostgreSQL,
+ * backend_cpu_us_per_cycle: the CPU time (user + system, /proc/<pid>/stat,
+ * in clock ticks) that the clients' backends used from the start of the
+ * clock to the end of the last client's loop, per counted cycle (nan when
+ * the server runs elsewhere).  Any error from a
  * server, a release that finds the lock gone, a renewal that finds the
  * lease lost or an UPDATE that finds no row ends the program with status 1.
  */
@@ -79,6 +86,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdbool.h>
@@ -87,6 +95,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
@@ -174,6 +183,9 @@ static bool shared_mode;		/* --mode shared */
 
 static pthread_barrier_t ready;	/* all connected; then the deadline is set */
 static pthread_barrier_t go;
+static pthread_barrier_t finished;	/* all loops over, connections still open */
+static bool unprepared;			/* --unprepared */
+static const unsigned int *first_types;	/* the first statement's parameter types */
 static int64_t deadline;
 static long completed;			/* cycles of all clients, for --cycles */
 
@@ -189,6 +201,7 @@ typedef struct Client
 {
 	pthread_t	thread;
 	int			id;
+	long		backend_pid;	/* PostgreSQL: the connection's backend */
 	uint64_t	rng;
 	long		cycles;
 	long		busy;
@@ -280,11 +293,23 @@ record_busy(Client *c)
 		c->busy++;
 }
 
-/* Run one prepared statement; fail on any error. */
+static const char *acquire_sql(void);
+
+/*
+ * Run the statement "first" or "release" of the workload, prepared (or
+ * with its text, --unprepared); fail on any error.
+ */
 static PGresult *
 pg_exec(PGconn *conn, const char *stmt, int nparams, const char *const *values)
 {
-	PGresult   *res = PQexecPrepared(conn, stmt, nparams, values, NULL, NULL, 0);
+	PGresult   *res;
+
+	if (!unprepared)
+		res = PQexecPrepared(conn, stmt, nparams, values, NULL, NULL, 0);
+	else if (strcmp(stmt, "first") == 0)
+		res = PQexecParams(conn, acquire_sql(), nparams, first_types, values, NULL, NULL, 0);
+	else
+		res = PQexecParams(conn, release_sql[workload], nparams, NULL, values, NULL, NULL, 0);
 	ExecStatusType st = PQresultStatus(res);
 
 	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)
@@ -441,6 +466,7 @@ run_pg(Client *c)
 
 	if (PQstatus(conn) != CONNECTION_OK)
 		die("connection failed", PQerrorMessage(conn));
+	c->backend_pid = PQbackendPID(conn);
 	if (sync_commit)
 	{
 		const char *v[1] = {sync_commit};
@@ -477,13 +503,12 @@ run_pg(Client *c)
 		PQclear(res);
 	}
 
-	pg_prepare(conn, "first", acquire_sql(), first_nparams[workload],
-			   workload == W_UPDATE_FENCED || workload == W_UPDATE_FENCED_JOIN ||
-			   workload == W_BULK_FENCED ||
-			   workload == W_UPDATE_PLAIN || workload == W_BULK_PLAIN ?
-			   id_token_types : NULL);
-	if (lock)
-		pg_prepare(conn, "release", release_sql[workload], 0, NULL);
+	if (!unprepared)
+	{
+		pg_prepare(conn, "first", acquire_sql(), first_nparams[workload], first_types);
+		if (lock)
+			pg_prepare(conn, "release", release_sql[workload], 0, NULL);
+	}
 
 	/* the parameters of a one-statement workload never change */
 	if (workload == W_RENEW)
@@ -518,6 +543,7 @@ run_pg(Client *c)
 			die("release of the renewed lease found it gone", key);
 		PQclear(res);
 	}
+	pthread_barrier_wait(&finished);	/* the parent reads our backend's CPU */
 	PQfinish(conn);
 }
 
@@ -588,6 +614,7 @@ run_redis(Client *c)
 		t1 = now_ns();
 		record(c, t0, tg, t1);
 	}
+	pthread_barrier_wait(&finished);
 	redisFree(rc);
 }
 
@@ -662,6 +689,45 @@ print_latencies(Client *clients, size_t offset, const char *prefix)
 	free(all);
 }
 
+/*
+ * CPU seconds (user + system) that the clients' backends have used, from
+ * /proc/<pid>/stat; NAN when one cannot be read (the server runs
+ * elsewhere) or for Redis.
+ */
+static double
+backend_cpu_s(Client *clients)
+{
+	long		ticks = 0;
+	int			i;
+
+	for (i = 0; i < nclients; i++)
+	{
+		char		path[64],
+					buf[1024],
+				   *p;
+		unsigned long utime,
+					stime;
+		FILE	   *f;
+		size_t		len;
+
+		if (clients[i].backend_pid <= 0)
+			return NAN;
+		snprintf(path, sizeof(path), "/proc/%ld/stat", clients[i].backend_pid);
+		if (!(f = fopen(path, "r")))
+			return NAN;
+		len = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[len] = '\0';
+		/* the fields after the command name in parentheses; utime is the 14th */
+		if (!(p = strrchr(buf, ')')) ||
+			sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+				   &utime, &stime) != 2)
+			return NAN;
+		ticks += utime + stime;
+	}
+	return (double) ticks / sysconf(_SC_CLK_TCK);
+}
+
 /* Print the usage and end the program with status 2. */
 static void
 usage(void)
@@ -670,7 +736,7 @@ usage(void)
 			"usage: lockbench --workload W [--clients N] [--seconds S | --cycles C]\n"
 			"                 [--keys K] [--key-prefix P] [--key-suffix X] [--ttl-s T]\n"
 			"                 [--wait-s V] [--sync on|off] [--redis SOCKET]\n"
-			"                 [--permits N] [--mode exclusive|shared]\n"
+			"                 [--permits N] [--mode exclusive|shared] [--unprepared]\n"
 			"W: dlock, dlock-wait, campaign, advisory, advisory-wait, sqllease, redis\n"
 			"   (needs --redis), renew, update-plain, update-fenced, update-fenced-join,\n"
 			"   bulk-plain, bulk-fenced; --permits and --mode: dlock and dlock-wait\n");
@@ -695,6 +761,7 @@ main(int argc, char **argv)
 		{"redis", required_argument, NULL, 'r'},
 		{"permits", required_argument, NULL, 'P'},
 		{"mode", required_argument, NULL, 'm'},
+		{"unprepared", no_argument, NULL, 'U'},
 		{NULL, 0, NULL, 0}
 	};
 	int			opt;
@@ -706,7 +773,9 @@ main(int argc, char **argv)
 	int64_t		start,
 				end;
 	double		elapsed,
-				per;
+				per,
+				cpu0,
+				cpu1;
 	uint64_t	seed = (uint64_t) now_ns();
 
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1)
@@ -760,6 +829,9 @@ main(int argc, char **argv)
 			case 'r':
 				redis_socket = optarg;
 				break;
+			case 'U':
+				unprepared = true;
+				break;
 			case 'P':
 				permits = atoi(optarg);
 				if (permits < 1 || permits > 1000)
@@ -789,6 +861,10 @@ main(int argc, char **argv)
 		die("out of memory", NULL);
 	pthread_barrier_init(&ready, NULL, nclients + 1);
 	pthread_barrier_init(&go, NULL, nclients + 1);
+	pthread_barrier_init(&finished, NULL, nclients + 1);
+	first_types = workload == W_UPDATE_FENCED || workload == W_UPDATE_FENCED_JOIN ||
+		workload == W_BULK_FENCED || workload == W_UPDATE_PLAIN || workload == W_BULK_PLAIN ?
+		id_token_types : NULL;
 	for (i = 0; i < nclients; i++)
 	{
 		clients[i].id = i;
@@ -798,9 +874,12 @@ main(int argc, char **argv)
 	}
 	/* every client is connected and prepared: start the clock */
 	pthread_barrier_wait(&ready);
+	cpu0 = backend_cpu_s(clients);
 	start = now_ns();
 	deadline = target_cycles > 0 ? INT64_MAX : start + (int64_t) seconds * 1000000000;
 	pthread_barrier_wait(&go);
+	pthread_barrier_wait(&finished);
+	cpu1 = backend_cpu_s(clients);
 	for (i = 0; i < nclients; i++)
 	{
 		pthread_join(clients[i].thread, NULL);
@@ -823,5 +902,7 @@ main(int argc, char **argv)
 	print_latencies(clients, offsetof(Client, cycle_ms), "");
 	if (is_lock_workload(workload))
 		print_latencies(clients, offsetof(Client, grant_ms), "grant_");
+	if (workload != W_REDIS)
+		printf("backend_cpu_us_per_cycle %.1f\n", cycles ? (cpu1 - cpu0) * 1e6 / cycles : NAN);
 	return 0;
 }
