@@ -303,6 +303,7 @@ static PGresult *
 pg_exec(PGconn *conn, const char *stmt, int nparams, const char *const *values)
 {
 	PGresult   *res;
+	ExecStatusType st;
 
 	if (!unprepared)
 		res = PQexecPrepared(conn, stmt, nparams, values, NULL, NULL, 0);
@@ -310,7 +311,7 @@ pg_exec(PGconn *conn, const char *stmt, int nparams, const char *const *values)
 		res = PQexecParams(conn, acquire_sql(), nparams, first_types, values, NULL, NULL, 0);
 	else
 		res = PQexecParams(conn, release_sql[workload], nparams, NULL, values, NULL, NULL, 0);
-	ExecStatusType st = PQresultStatus(res);
+	st = PQresultStatus(res);
 
 	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)
 		die(stmt, PQerrorMessage(conn));
