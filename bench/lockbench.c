@@ -6,6 +6,7 @@
  *	lockbench --workload W [--clients N] [--seconds S | --cycles C]
  *			  [--keys K] [--key-prefix P] [--key-suffix X] [--ttl-s T]
  *			  [--wait-s V] [--sync on|off] [--redis SOCKET]
+ *			  [--permits N] [--mode exclusive|shared] [--unprepared]
  *
  * Starts N threads, each with its own connection (PostgreSQL: libpq's PG*
  * environment; Redis: the unix socket SOCKET), waits until all are
@@ -19,6 +20,8 @@
  *				SELECT dlock.release($1, $2)
  *	dlock-wait	SELECT owner FROM dlock.acquire($1, $2, wait => $3)	(V s)
  *				SELECT dlock.release($1, $2)
+ *	campaign	SELECT owner FROM dlock.campaign($1, 'lockbench', $2, wait => $3)
+ *				SELECT dlock.release($1, $2)	(dlock 0.7: an election)
  *	advisory	SELECT pg_try_advisory_lock($1)	 (the key as a bigint, 1..K)
  *				SELECT pg_advisory_unlock($1)
  *	advisory-wait	SELECT pg_advisory_lock($1), then pg_advisory_unlock($1)
@@ -50,8 +53,16 @@
  * bench/locks_setup.sql at connect (not from dlock.leases, which holds no
  * lease with dlock.storage = memory).
  *
- * PostgreSQL statements are prepared once per connection, the Lua script is
- * loaded once per connection; --sync sets synchronous_commit at connect.
+ * --permits N (2 and up) and --mode shared (dlock 0.7) add "permits => N"
+ * and "mode => 'shared'" to the acquire of dlock and dlock-wait: one of N
+ * permits of the key, or a shared lease.  Without them the statements are
+ * exactly those above, which every dlock version accepts.
+ *
+ * PostgreSQL statements are prepared once per connection (with
+ * --unprepared, each is sent with its text every time, PQexecParams, so the
+ * server parses and plans it every time, as for a client that does not
+ * prepare), the Lua script is loaded once per connection; --sync sets
+ * synchronous_commit at connect.
  * An attempt that finds the key taken is "busy": it is counted apart and is
  * not a cycle.  A cycle's latency runs from sending its first statement to
  * receiving its last result (CLOCK_MONOTONIC); the grant latency of a lock
@@ -61,7 +72,11 @@
  *
  * Prints "name value" lines: workload, clients, seconds, elapsed_s, cycles,
  * cycles_per_s, busy, busy_per_s, p50_ms, p99_ms, max_ms and, for lock
- * workloads, grant_p50_ms, grant_p99_ms, grant_max_ms.  Any error from a
+ * workloads, grant_p50_ms, grant_p99_ms, grant_max_ms; then, on PostgreSQL,
+ * backend_cpu_us_per_cycle: the CPU time (user + system, /proc/<pid>/stat,
+ * in clock ticks) that the clients' backends used from the start of the
+ * clock to the end of the last client's loop, per counted cycle (nan when
+ * the server runs elsewhere).  Any error from a
  * server, a release that finds the lock gone, a renewal that finds the
  * lease lost or an UPDATE that finds no row ends the program with status 1.
  */
@@ -71,6 +86,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdbool.h>
@@ -79,6 +95,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
@@ -90,14 +107,14 @@
 typedef enum
 {
 	W_DLOCK, W_DLOCK_WAIT, W_ADVISORY, W_ADVISORY_WAIT, W_SQLLEASE, W_REDIS,
-	W_RENEW, W_UPDATE_PLAIN, W_UPDATE_FENCED, W_UPDATE_FENCED_JOIN,
+	W_CAMPAIGN, W_RENEW, W_UPDATE_PLAIN, W_UPDATE_FENCED, W_UPDATE_FENCED_JOIN,
 	W_BULK_PLAIN, W_BULK_FENCED,
 	W_COUNT
 } Workload;
 
 static const char *const workload_names[W_COUNT] = {
 	"dlock", "dlock-wait", "advisory", "advisory-wait", "sqllease", "redis",
-	"renew", "update-plain", "update-fenced", "update-fenced-join",
+	"campaign", "renew", "update-plain", "update-fenced", "update-fenced-join",
 	"bulk-plain", "bulk-fenced",
 };
 
@@ -116,6 +133,7 @@ static const char *const first_sql[W_COUNT] = {
 	"ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at "
 	"WHERE l.expires_at < clock_timestamp() "
 	"RETURNING owner",
+	[W_CAMPAIGN] = "SELECT owner FROM dlock.campaign($1, 'lockbench', $2, wait => $3)",
 	[W_RENEW] = "SELECT dlock.renew($1, $2, $3)",
 	[W_UPDATE_PLAIN] = "UPDATE stock_plain SET qty = qty + 1 WHERE id = $1",
 	[W_UPDATE_FENCED] = "UPDATE stock_fenced SET qty = qty + 1 "
@@ -127,7 +145,8 @@ static const char *const first_sql[W_COUNT] = {
 	"FROM (SELECT dlock.use_fence('bulk:' || $1, $2)) AS f WHERE cid = $1",
 };
 static const int first_nparams[W_COUNT] = {
-	[W_DLOCK] = 2, [W_DLOCK_WAIT] = 3, [W_ADVISORY] = 1, [W_ADVISORY_WAIT] = 1,
+	[W_DLOCK] = 2, [W_DLOCK_WAIT] = 3, [W_CAMPAIGN] = 3, [W_ADVISORY] = 1,
+	[W_ADVISORY_WAIT] = 1,
 	[W_SQLLEASE] = 2, [W_RENEW] = 3, [W_UPDATE_PLAIN] = 1, [W_UPDATE_FENCED] = 2,
 	[W_UPDATE_FENCED_JOIN] = 2, [W_BULK_PLAIN] = 1, [W_BULK_FENCED] = 2,
 };
@@ -137,6 +156,7 @@ static const unsigned int id_token_types[2] = {INT4OID, INT8OID};
 static const char *const release_sql[W_COUNT] = {
 	[W_DLOCK] = "SELECT dlock.release($1, $2)",
 	[W_DLOCK_WAIT] = "SELECT dlock.release($1, $2)",
+	[W_CAMPAIGN] = "SELECT dlock.release($1, $2)",
 	[W_ADVISORY] = "SELECT pg_advisory_unlock($1)",
 	[W_ADVISORY_WAIT] = "SELECT pg_advisory_unlock($1)",
 	[W_SQLLEASE] = "DELETE FROM sql_leases WHERE key = $1 AND owner = $2::uuid",
@@ -158,9 +178,14 @@ static int	ttl_s = 30;
 static int	wait_s = 60;
 static const char *sync_commit;
 static const char *redis_socket;
+static int	permits = 1;		/* --permits; 1: the argument left out */
+static bool shared_mode;		/* --mode shared */
 
 static pthread_barrier_t ready;	/* all connected; then the deadline is set */
 static pthread_barrier_t go;
+static pthread_barrier_t finished;	/* all loops over, connections still open */
+static bool unprepared;			/* --unprepared */
+static const unsigned int *first_types;	/* the first statement's parameter types */
 static int64_t deadline;
 static long completed;			/* cycles of all clients, for --cycles */
 
@@ -176,6 +201,7 @@ typedef struct Client
 {
 	pthread_t	thread;
 	int			id;
+	long		backend_pid;	/* PostgreSQL: the connection's backend */
 	uint64_t	rng;
 	long		cycles;
 	long		busy;
@@ -267,12 +293,25 @@ record_busy(Client *c)
 		c->busy++;
 }
 
-/* Run one prepared statement; fail on any error. */
+static const char *acquire_sql(void);
+
+/*
+ * Run the statement "first" or "release" of the workload, prepared (or
+ * with its text, --unprepared); fail on any error.
+ */
 static PGresult *
 pg_exec(PGconn *conn, const char *stmt, int nparams, const char *const *values)
 {
-	PGresult   *res = PQexecPrepared(conn, stmt, nparams, values, NULL, NULL, 0);
-	ExecStatusType st = PQresultStatus(res);
+	PGresult   *res;
+	ExecStatusType st;
+
+	if (!unprepared)
+		res = PQexecPrepared(conn, stmt, nparams, values, NULL, NULL, 0);
+	else if (strcmp(stmt, "first") == 0)
+		res = PQexecParams(conn, acquire_sql(), nparams, first_types, values, NULL, NULL, 0);
+	else
+		res = PQexecParams(conn, release_sql[workload], nparams, NULL, values, NULL, NULL, 0);
+	st = PQresultStatus(res);
 
 	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)
 		die(stmt, PQerrorMessage(conn));
@@ -342,7 +381,8 @@ pg_lock_cycle(Client *c, PGconn *conn, const char *ttl, const char *wait)
 	if (!got)
 	{
 		/* a waiting acquire either grants or raises an error */
-		if (workload == W_ADVISORY_WAIT || workload == W_DLOCK_WAIT)
+		if (workload == W_ADVISORY_WAIT || workload == W_DLOCK_WAIT ||
+			workload == W_CAMPAIGN)
 			die("a waiting acquire returned no lock", key);
 		record_busy(c);
 		return;
@@ -387,6 +427,29 @@ pg_single_cycle(Client *c, PGconn *conn, const char *const *params)
 	record(c, t0, 0, t1);
 }
 
+/*
+ * The first statement of the workload: first_sql, with the acquire's
+ * permits and mode of --permits and --mode added as constants.
+ */
+static const char *
+acquire_sql(void)
+{
+	static char sql[256];
+	const char *base = first_sql[workload];
+	size_t		len = strlen(base);
+
+	if (permits == 1 && !shared_mode)
+		return base;
+	/* dlock and dlock-wait only (checked in main): base ends with ')' */
+	snprintf(sql, sizeof(sql), "%.*s", (int) (len - 1), base);
+	if (permits > 1)
+		snprintf(sql + strlen(sql), sizeof(sql) - strlen(sql), ", permits => %d", permits);
+	if (shared_mode)
+		snprintf(sql + strlen(sql), sizeof(sql) - strlen(sql), ", mode => 'shared'");
+	snprintf(sql + strlen(sql), sizeof(sql) - strlen(sql), ")");
+	return sql;
+}
+
 /* One client's connection and loop on PostgreSQL. */
 static void
 run_pg(Client *c)
@@ -404,6 +467,7 @@ run_pg(Client *c)
 
 	if (PQstatus(conn) != CONNECTION_OK)
 		die("connection failed", PQerrorMessage(conn));
+	c->backend_pid = PQbackendPID(conn);
 	if (sync_commit)
 	{
 		const char *v[1] = {sync_commit};
@@ -440,13 +504,12 @@ run_pg(Client *c)
 		PQclear(res);
 	}
 
-	pg_prepare(conn, "first", first_sql[workload], first_nparams[workload],
-			   workload == W_UPDATE_FENCED || workload == W_UPDATE_FENCED_JOIN ||
-			   workload == W_BULK_FENCED ||
-			   workload == W_UPDATE_PLAIN || workload == W_BULK_PLAIN ?
-			   id_token_types : NULL);
-	if (lock)
-		pg_prepare(conn, "release", release_sql[workload], 0, NULL);
+	if (!unprepared)
+	{
+		pg_prepare(conn, "first", acquire_sql(), first_nparams[workload], first_types);
+		if (lock)
+			pg_prepare(conn, "release", release_sql[workload], 0, NULL);
+	}
 
 	/* the parameters of a one-statement workload never change */
 	if (workload == W_RENEW)
@@ -481,6 +544,7 @@ run_pg(Client *c)
 			die("release of the renewed lease found it gone", key);
 		PQclear(res);
 	}
+	pthread_barrier_wait(&finished);	/* the parent reads our backend's CPU */
 	PQfinish(conn);
 }
 
@@ -551,6 +615,7 @@ run_redis(Client *c)
 		t1 = now_ns();
 		record(c, t0, tg, t1);
 	}
+	pthread_barrier_wait(&finished);
 	redisFree(rc);
 }
 
@@ -625,6 +690,45 @@ print_latencies(Client *clients, size_t offset, const char *prefix)
 	free(all);
 }
 
+/*
+ * CPU seconds (user + system) that the clients' backends have used, from
+ * /proc/<pid>/stat; NAN when one cannot be read (the server runs
+ * elsewhere) or for Redis.
+ */
+static double
+backend_cpu_s(Client *clients)
+{
+	long		ticks = 0;
+	int			i;
+
+	for (i = 0; i < nclients; i++)
+	{
+		char		path[64],
+					buf[1024],
+				   *p;
+		unsigned long utime,
+					stime;
+		FILE	   *f;
+		size_t		len;
+
+		if (clients[i].backend_pid <= 0)
+			return NAN;
+		snprintf(path, sizeof(path), "/proc/%ld/stat", clients[i].backend_pid);
+		if (!(f = fopen(path, "r")))
+			return NAN;
+		len = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[len] = '\0';
+		/* the fields after the command name in parentheses; utime is the 14th */
+		if (!(p = strrchr(buf, ')')) ||
+			sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+				   &utime, &stime) != 2)
+			return NAN;
+		ticks += utime + stime;
+	}
+	return (double) ticks / sysconf(_SC_CLK_TCK);
+}
+
 /* Print the usage and end the program with status 2. */
 static void
 usage(void)
@@ -633,9 +737,10 @@ usage(void)
 			"usage: lockbench --workload W [--clients N] [--seconds S | --cycles C]\n"
 			"                 [--keys K] [--key-prefix P] [--key-suffix X] [--ttl-s T]\n"
 			"                 [--wait-s V] [--sync on|off] [--redis SOCKET]\n"
-			"W: dlock, dlock-wait, advisory, advisory-wait, sqllease, redis (needs\n"
-			"   --redis), renew, update-plain, update-fenced, update-fenced-join,\n"
-			"   bulk-plain, bulk-fenced\n");
+			"                 [--permits N] [--mode exclusive|shared] [--unprepared]\n"
+			"W: dlock, dlock-wait, campaign, advisory, advisory-wait, sqllease, redis\n"
+			"   (needs --redis), renew, update-plain, update-fenced, update-fenced-join,\n"
+			"   bulk-plain, bulk-fenced; --permits and --mode: dlock and dlock-wait\n");
 	exit(2);
 }
 
@@ -655,6 +760,9 @@ main(int argc, char **argv)
 		{"wait-s", required_argument, NULL, 'x'},
 		{"sync", required_argument, NULL, 'y'},
 		{"redis", required_argument, NULL, 'r'},
+		{"permits", required_argument, NULL, 'P'},
+		{"mode", required_argument, NULL, 'm'},
+		{"unprepared", no_argument, NULL, 'U'},
 		{NULL, 0, NULL, 0}
 	};
 	int			opt;
@@ -666,7 +774,9 @@ main(int argc, char **argv)
 	int64_t		start,
 				end;
 	double		elapsed,
-				per;
+				per,
+				cpu0,
+				cpu1;
 	uint64_t	seed = (uint64_t) now_ns();
 
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1)
@@ -720,13 +830,31 @@ main(int argc, char **argv)
 			case 'r':
 				redis_socket = optarg;
 				break;
+			case 'U':
+				unprepared = true;
+				break;
+			case 'P':
+				permits = atoi(optarg);
+				if (permits < 1 || permits > 1000)
+					usage();
+				break;
+			case 'm':
+				if (strcmp(optarg, "shared") == 0)
+					shared_mode = true;
+				else if (strcmp(optarg, "exclusive") == 0)
+					shared_mode = false;
+				else
+					usage();
+				break;
 			default:
 				usage();
 		}
 	}
 	if (!have_workload || optind < argc || nclients < 1 || seconds < 1 ||
 		nkeys < 1 || ttl_s < 1 || wait_s < 1 ||
-		(workload == W_REDIS) != (redis_socket != NULL))
+		(workload == W_REDIS) != (redis_socket != NULL) ||
+		((permits > 1 || shared_mode) && workload != W_DLOCK && workload != W_DLOCK_WAIT) ||
+		(permits > 1 && shared_mode))
 		usage();
 
 	clients = calloc(nclients, sizeof(Client));
@@ -734,6 +862,10 @@ main(int argc, char **argv)
 		die("out of memory", NULL);
 	pthread_barrier_init(&ready, NULL, nclients + 1);
 	pthread_barrier_init(&go, NULL, nclients + 1);
+	pthread_barrier_init(&finished, NULL, nclients + 1);
+	first_types = workload == W_UPDATE_FENCED || workload == W_UPDATE_FENCED_JOIN ||
+		workload == W_BULK_FENCED || workload == W_UPDATE_PLAIN || workload == W_BULK_PLAIN ?
+		id_token_types : NULL;
 	for (i = 0; i < nclients; i++)
 	{
 		clients[i].id = i;
@@ -743,9 +875,12 @@ main(int argc, char **argv)
 	}
 	/* every client is connected and prepared: start the clock */
 	pthread_barrier_wait(&ready);
+	cpu0 = backend_cpu_s(clients);
 	start = now_ns();
 	deadline = target_cycles > 0 ? INT64_MAX : start + (int64_t) seconds * 1000000000;
 	pthread_barrier_wait(&go);
+	pthread_barrier_wait(&finished);
+	cpu1 = backend_cpu_s(clients);
 	for (i = 0; i < nclients; i++)
 	{
 		pthread_join(clients[i].thread, NULL);
@@ -768,5 +903,7 @@ main(int argc, char **argv)
 	print_latencies(clients, offsetof(Client, cycle_ms), "");
 	if (is_lock_workload(workload))
 		print_latencies(clients, offsetof(Client, grant_ms), "grant_");
+	if (workload != W_REDIS)
+		printf("backend_cpu_us_per_cycle %.1f\n", cycles ? (cpu1 - cpu0) * 1e6 / cycles : NAN);
 	return 0;
 }
