@@ -4929,7 +4929,10 @@ setup(uint64 seed)
 		 "CREATE FUNCTION public.par_stats(k text) RETURNS bigint LANGUAGE plpgsql PARALLEL SAFE AS $$BEGIN RETURN (SELECT count(*) FROM dlock.stats WHERE key = k); END$$;");
 }
 
-/* Look for signs of a crash in the server log written since we started. */
+/*
+ * Look for signs of a crash in the server log written since we started,
+ * and for any FATAL: nothing the generator does may end a session so.
+ */
 static void
 check_server_log(bool at_start)
 {
@@ -4963,6 +4966,8 @@ check_server_log(bool at_start)
 			crashes++;
 			violation(NULL, "server log: %.400s", line);
 		}
+		else if (strstr(line, "FATAL:"))
+			violation(NULL, "server log: %.400s", line);
 	}
 	fclose(f);
 }
