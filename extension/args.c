@@ -19,6 +19,7 @@
 
 #include "access/xact.h"
 #include "common/int128.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -285,7 +286,9 @@ dlock_permits_arg(FunctionCallInfo fcinfo, int permits_argno, int mode_argno)
 		else if (strcmp(mode, "exclusive") != 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("invalid lease mode \"%s\"", mode),
+					 errmsg("invalid lease mode \"%.*s%s\"",
+							pg_mbcliplen(mode, strlen(mode), 32), mode,
+							strlen(mode) > 32 ? "..." : ""),
 					 errhint("The mode is 'exclusive' (the default) or 'shared'.")));
 	}
 	if (PG_NARGS() > permits_argno)

@@ -1082,7 +1082,11 @@ dlock_forget(PG_FUNCTION_ARGS)
 	len = VARSIZE_ANY_EXHDR(key);
 	if (!dlock_lock_for_grant(k, len))
 		key_in_use(key);
-	/* the key's permits and shared leases first; none is granted meanwhile */
+	/*
+	 * The key's permits and shared leases first; none is granted meanwhile.
+	 * Every lock before any delete: in memory mode a delete takes effect at
+	 * once, and a refusal must leave every lease as it was.
+	 */
 	dlock_read_lease(k, len, &head);
 	for (i = 1; i <= head.nslots; i++)
 	{
@@ -1091,6 +1095,12 @@ dlock_forget(PG_FUNCTION_ARGS)
 
 		if (!dlock_lock_for_grant(sk, sklen))
 			key_in_use(key);
+	}
+	for (i = 1; i <= head.nslots; i++)
+	{
+		char		sk[DLOCK_MAX_STORED_KEY_BYTES + 1];
+		int			sklen = dlock_slot_key(sk, k, len, i);
+
 		if (dlock_storage_delete_old(cstring_to_text_with_len(sk, sklen),
 									 DT_NOEND, true))
 		{

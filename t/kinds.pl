@@ -340,6 +340,26 @@ dlock.memory_max_keys = 200
 		'0 0', "$mode: j: ... and the key whose permits all ended, with its record of them");
 
 	#
+	# k. forget() refused (55P03: a fenced write under one of the key's
+	#    permits is in flight) leaves every permit as it was, in memory
+	#    mode too, where its deletes take effect at once.
+	#
+	my @fk = map { $node->safe_psql('postgres',
+		q{SELECT fence FROM dlock.try_acquire('fk', '10 min', permits => 3)}) } 1 .. 3;
+	my ($fw, $fwpid) = backend_session($node, 'postgres');
+	$fw->query_safe("BEGIN; SELECT dlock.use_fence('fk', $fk[1]);");
+	my ($fst) = try_sql($node, 'postgres', q{SELECT dlock.forget('fk')});
+	is($fst, '55P03', "$mode: k: forget() of a key whose permit a writer holds is refused");
+	is($node->safe_psql('postgres', q{
+			SELECT string_agg(permit::text, ',' ORDER BY permit) FROM dlock.lease_status
+			WHERE key = 'fk' AND state = 'held'}),
+		'1,2,3', "$mode: k: ... and every permit is still held");
+	$fw->query_safe('COMMIT');
+	$fw->quit;
+	is($node->safe_psql('postgres', q{SELECT dlock.forget('fk')}), 't',
+		"$mode: k: once the writer committed, forget() drops the key");
+
+	#
 	# h. A restart, in a database of its own whose leases are short (in
 	#    memory mode the horizon, per database, covers every lease granted).
 	#
