@@ -151,10 +151,32 @@ my @sabotages = (
 		'key granted while an acknowledged lease of it was live (server clock)',
 		'acknowledged lease lost (its holder refused while it was certainly live)'
 	]);
+# proclaim-back and stale-proclaim are seen only if an observer looks at
+# the right moment, which a loaded machine can make it miss: up to three
+# runs of those, until one reports every expected violation (a run that
+# does not is noted); the assertions are made on the last run.
+my %tries = ('proclaim-back' => 3, 'stale-proclaim' => 3);
 foreach my $s (@sabotages)
 {
 	my ($kind, $args, @expect) = @$s;
-	check_sabotage_run($prog, $node, "sabotage $kind", $kind, $args, @expect);
+	my $tries = $tries{$kind} // 1;
+	my ($rc, $out, $err);
+	foreach my $try (1 .. $tries)
+	{
+		($rc, $out, $err) = run_chaos($prog, $node, '--workers' => 2, '--keys' => 4,
+			'--sabotage' => $kind, @$args);
+		last if $rc == 1
+		  && !grep { $out !~ /^dlock-chaos: violations: \Q$_\E: [1-9]/m } @expect;
+		note "sabotage $kind: run $try did not report every expected violation"
+		  if $try < $tries;
+	}
+	is($rc, 1, "sabotage $kind: dlock-chaos exits 1")
+	  or diag "sabotage $kind:\n$out\n$err";
+	foreach my $v (@expect)
+	{
+		like($out, qr/^dlock-chaos: violations: \Q$v\E: [1-9]/m,
+			"sabotage $kind: \"$v\" reported");
+	}
 }
 
 #
