@@ -18,7 +18,6 @@ import tempfile
 import threading
 import time
 import unittest
-import _thread
 
 import psycopg
 import psycopg_pool
@@ -404,10 +403,12 @@ class T03Pools(Base):
 class T04Cancel(Base):
     def test_cancel_waiting_acquire(self):
         blocker = dlock.acquire(DSN, "cancel", ttl=5)
-        timer = threading.Timer(0.7, _thread.interrupt_main)
+        timer = threading.Timer(0.7, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
+        t = time.monotonic()
         with self.assertRaises(KeyboardInterrupt):
             dlock.acquire(DSN, "cancel", ttl=5, wait=30, holder="cancelled")
+        self.assertLess(time.monotonic() - t, 3.0, "interrupted, not timed out")
         timer.join()
         self.assertEqual(sql("SELECT count(*) FROM dlock.waiters WHERE key = 'cancel'")[0][0], 0)
         blocker.release()
@@ -418,11 +419,13 @@ class T04Cancel(Base):
         self.assertNoThreadLeft()
 
     def test_cancel_while_held_and_exit_by_exception(self):
-        timer = threading.Timer(0.5, _thread.interrupt_main)
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        t = time.monotonic()
         with self.assertRaises(KeyboardInterrupt):
             with dlock.lease(DSN, "cancel-held", ttl=5):
                 timer.start()
                 time.sleep(5)
+        self.assertLess(time.monotonic() - t, 3.0)
         timer.join()
         self.assertEqual(held("cancel-held"), 0)
         with self.assertRaises(ZeroDivisionError):
