@@ -1,6 +1,7 @@
 #!/bin/bash
 #
-# demo/demo.sh: the dlock demo, told with the dlock command-line client.
+# demo/demo.sh: the dlock demo, told with the dlock command-line client
+# and the Python library.
 # tools/demo runs it against a throwaway cluster (PGHOST/PGPORT set, a
 # database "demo" with the extension).  Takes under a minute; everything it
 # starts is stopped, and its files removed, on the way out.
@@ -141,6 +142,75 @@ show_stock
 cat <<'EOF'
   The database refused C's write: it carried the token of the lease C lost, and
   the key's current token is newer.  The stock still shows D's value.
+EOF
+
+say "== 5. The same story with the Python library (clients/python)"
+cat <<'EOF'
+  Worker E is a Python program: dlock.lease() takes the lease and renews it
+  in the background every third of the TTL; lease.transaction(conn) opens a
+  transaction that presents the token before E's write.  E is frozen
+  before its write, worker F takes over, then E wakes up.
+EOF
+cat >"$dir/worker_e.py" <<'EOF'
+import os, sys, time
+import psycopg
+import dlock
+
+key, go = sys.argv[1], sys.argv[2]
+conn = psycopg.connect("dbname=demo", autocommit=True)
+with dlock.lease("dbname=demo", key, ttl=2, holder="worker-E",
+                 on_lost=lambda l: print("[worker-E] on_lost:", l.lost_reason, flush=True)) as lease:
+    print("[worker-E] holds the lease with token", lease.fence, flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    try:
+        with lease.transaction(conn) as cur:
+            cur.execute("UPDATE stock SET qty = 60, fence = %s WHERE warehouse_id = 42",
+                        (lease.fence,))
+        print("[worker-E] wrote qty=60", flush=True)
+    except dlock.LeaseLost as ex:
+        print("[worker-E] the library refused to write: %s" % ex, flush=True)
+    # had E written without the library's check, the database refuses it
+    try:
+        with conn.transaction():
+            conn.execute("SELECT dlock.use_fence(%s, %s)", (key, lease.fence))
+            conn.execute("UPDATE stock SET qty = 60, fence = %s WHERE warehouse_id = 42",
+                         (lease.fence,))
+        print("[worker-E] its raw write was accepted", flush=True)
+    except psycopg.Error as ex:
+        print("[worker-E] its raw write with token %d was refused: %s %s"
+              % (lease.fence, ex.sqlstate, ex.diag.message_primary), flush=True)
+EOF
+PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/clients/python" \
+	/usr/bin/python3 "$dir/worker_e.py" "$KEY" "$dir/go-E" >"$dir/E.out" 2>&1 &
+e_pid=$!
+pids+=("$e_pid")
+for _ in $(seq 1 100); do
+	grep -qs 'holds the lease' "$dir/E.out" && break
+	sleep 0.1
+done
+grep -q 'holds the lease' "$dir/E.out" || { cat "$dir/E.out"; fail "worker-E did not get the lease"; }
+sed 's/^/    /' "$dir/E.out"
+kill -STOP "$e_pid"
+echo "  (worker-E is stopped; waiting for its 2s lease to run out)"
+sleep 3
+DLOCK_HOLDER=F dlock run --ttl=$TTL --holder=worker-F "$KEY" -- \
+	"$dir/sync.sh" 50 2>&1 | sed 's/^/    /'
+touch "$dir/go-E"
+kill -CONT "$e_pid"
+wait "$e_pid"
+pids=()
+sed '1d; s/^/    /' "$dir/E.out"
+grep -q 'library refused' "$dir/E.out" || fail "worker-E's library did not report the loss"
+grep -q 'raw write with token .* was refused: LF001' "$dir/E.out" ||
+	fail "worker-E's raw stale write was not refused"
+show_stock
+cat <<'EOF'
+  E's library knew from its own monotonic clock that no renewal had been
+  confirmed before the lease's deadline: it reported the loss and refused
+  the write without asking the database.  The write E forced anyway was
+  refused by the trigger (LF001).  The Go library (clients/go) does the
+  same; its lease's Context() is cancelled on loss.
 EOF
 
 say "== What just happened"
