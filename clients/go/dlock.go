@@ -289,6 +289,7 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 	if err != nil {
 		return nil, err
 	}
+	opts = l.opts // with the defaults filled in
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
