@@ -13,7 +13,10 @@
 #    DLOCK_TEST_* (see clients/go/README.md); each test is one assertion
 #    here, named after it; plus one that go test exited 0 and one that
 #    every Test function of the sources ran (a run that ran nothing, or
-#    skipped, is red).
+#    skipped, is red);
+#  * the loss and fencing tests once more against a second node with
+#    dlock.storage = memory (the ones that restart the server are left
+#    out: after a restart memory mode grants nothing until its horizon).
 #
 # The Go tests stop, kill -9 and restart this node themselves (pg_ctl, as
 # the postgres OS user that runs this test), and blackhole its traffic
@@ -185,9 +188,48 @@ is($rc, 0, 'go test exited 0') or diag substr($out, -3000);
 is_deeply([ sort grep { !$seen{$_} } keys %expected ], [],
 	sprintf('go test ran all %d test functions', scalar keys %expected));
 
+#
+# The loss and fencing tests again with dlock.storage = memory (no restart
+# among them: after one, memory mode grants nothing until its horizon).
+#
+my @memory_tests = qw(TestNullRenewalLosesAtOnce TestUseFenceRefusedIsLost
+  TestSessionBound TestPausedWorker TestNetworkBlackhole TestElection);
+my $mem = dlock_node('gomem',
+	conf => "shared_preload_libraries = 'dlock'\ndlock.storage = memory\n"
+	  . "listen_addresses = '127.0.0.1'\n");
+$mem->safe_psql('postgres', 'CREATE EXTENSION dlock');
+{
+	my ($mhost, $mport) = ($mem->host, $mem->port);
+	my %saved = %goenv;
+	%goenv = (%goenv,
+		DLOCK_TEST_DSN =>
+		  "host=$mhost port=$mport dbname=postgres user=$user sslmode=disable",
+		DLOCK_TEST_TCP => "127.0.0.1:$mport",
+		DLOCK_TEST_PGDATA => $mem->data_dir,
+		DLOCK_TEST_PGLOG => $mem->logfile);
+	($rc, $out) = run_go('test', '-v', '-count=1', '-timeout=100s',
+		'-run', '^(' . join('|', @memory_tests) . ')$', './...');
+	append_to_file("$PostgreSQL::Test::Utils::log_path/client_go_test_memory.out", $out);
+	my (%mseen, %mbody, $cur);
+	foreach my $line (split /\n/, $out)
+	{
+		if ($line =~ /^=== RUN\s+(\S+)/) { $cur = $1; next; }
+		$mbody{$cur} .= "$line\n" if defined $cur;
+		next unless $line =~ /^\s*--- (PASS|FAIL|SKIP): (\S+) \(([\d.]+)s\)/;
+		$mseen{$2} = 1;
+		ok($1 eq 'PASS', "go, memory mode: $2 ($3 s)") or diag $mbody{$2} // '';
+	}
+	is($rc, 0, 'go test in memory mode exited 0') or diag substr($out, -3000);
+	is_deeply([ grep { !$mseen{$_} } @memory_tests ], [],
+		'go test in memory mode ran all ' . scalar(@memory_tests) . ' tests');
+	%goenv = %saved;
+}
+$mem->stop;
+
 ok($bh->pumpable, 'PgBouncer is still running');
 $node->stop;
-unlike(slurp_file($node->logfile), qr/PANIC|TRAP|XX000|terminated by signal/,
-	'no PANIC, assertion failure, internal error or crashed backend in the server log');
+unlike(slurp_file($node->logfile) . slurp_file($mem->logfile),
+	qr/PANIC|TRAP|XX000|terminated by signal/,
+	'no PANIC, assertion failure, internal error or crashed backend in the servers\' logs');
 note sprintf('t/client_go.pl took %.0f s', time - $started);
 done_testing();
