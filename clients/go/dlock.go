@@ -387,6 +387,7 @@ func (l *Lease) confirm(ctx context.Context) (time.Time, error) {
 	}
 	switch {
 	case r.err != nil:
+		l.giveBack() // it may still be ours: do not leave it behind
 		l.closeConn()
 		return time.Time{}, &LostError{Key: l.key, Reason: LostDeadline, At: time.Now(), Cause: wrap("renew", r.err)}
 	case r.null:

@@ -167,9 +167,13 @@ func noGoroutinesLeft(t *testing.T, baseline int) {
 func TestAcquireRenewRelease(t *testing.T) {
 	need(t)
 	db := direct(t)
-	l, err := Acquire(bg, db, "go-basic", Options{TTL: time.Second})
+	l, err := Acquire(bg, db, "go-basic", Options{TTL: time.Second, Holder: "go-holder", LockDelay: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM dlock.lease_status s JOIN dlock.leases l USING (key)
+		WHERE key = 'go-basic' AND s.holder = 'go-holder' AND l.lock_delay = '2 s'`); n != 1 {
+		t.Errorf("holder and lock_delay not as given (%d rows)", n)
 	}
 	if l.Fence() < 1 || len(l.Owner()) != 36 {
 		t.Errorf("fence %d, owner %q", l.Fence(), l.Owner())
@@ -207,6 +211,54 @@ func TestAcquireRenewRelease(t *testing.T) {
 	}
 	if _, err := Acquire(bg, db, "k", Options{TTL: time.Second, RenewEvery: 2 * time.Second}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("RenewEvery over TTL: %v", err)
+	}
+}
+
+// A renewal the server refuses (read-only: 25006, as after a failover) is
+// retried until the deadline: the lease survives a short refusal, and is
+// lost at its deadline, not before, when the refusals go on.
+func TestRefusedRenewalRetried(t *testing.T) {
+	need(t)
+	admin := direct(t)
+	if _, err := admin.Exec(`DROP ROLE IF EXISTS go_ro; CREATE ROLE go_ro LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	readOnly := func(on bool) {
+		t.Helper()
+		if _, err := admin.Exec(fmt.Sprintf(`ALTER ROLE go_ro SET default_transaction_read_only = %v`, on)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := open(t, os.Getenv("DLOCK_TEST_DSN")+" user=go_ro")
+	db.SetMaxIdleConns(0) // every call on a new session, which sees the role's setting
+	lostc := make(chan error, 1)
+	l, err := Acquire(bg, db, "go-readonly", Options{TTL: 1500 * time.Millisecond, RenewEvery: 300 * time.Millisecond,
+		OnLost: func(err error) { lostc <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(bg)
+	readOnly(true)
+	time.Sleep(800 * time.Millisecond) // two or three refused renewals
+	readOnly(false)
+	time.Sleep(700 * time.Millisecond)
+	if err := l.Err(); err != nil {
+		t.Fatalf("lost after a short refusal: %v", err)
+	}
+	readOnly(true)
+	defer readOnly(false)
+	f := time.Now()
+	select {
+	case err := <-lostc:
+		var le *LostError
+		if !errors.As(err, &le) || le.Reason != LostDeadline || !errors.Is(err, ErrReadOnly) {
+			t.Errorf("lost: %v, want the deadline after read-only refusals", err)
+		}
+		if d := le.At.Sub(f); d < 1500*time.Millisecond-300*time.Millisecond-200*time.Millisecond {
+			t.Errorf("lost %v after the refusals began: before its deadline", d)
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("not lost at its deadline")
 	}
 }
 
