@@ -320,22 +320,27 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 		qctx, qcancel = context.WithTimeout(context.Background(), opts.Wait+opts.TTL)
 	}
 	ch := make(chan grantResult, 1)
+	fin := make(chan struct{})
 	sent := time.Now()
 	l.goCall(func() {
 		defer qcancel()
 		ch <- scanGrant(l.q().QueryRowContext(qctx, text, args...))
+		close(fin)
 	})
 
 	var r grantResult
 	select {
-	case r = <-ch:
+	case <-fin:
+		r = <-ch
 	case <-ctx.Done():
 		// Cancel the request in the server, and give back whatever it
 		// granted meanwhile: its answer is waited for (a cancelled context
 		// would make database/sql drop a lease the server had granted).
-		if r, ok := l.cancelMarked(marker, ch, qcancel); ok && r.err == nil && r.ok {
-			l.owner = r.owner
-			l.giveBack()
+		if cancelMarked(db, marker, fin, qcancel, l.goCall) {
+			if r := <-ch; r.err == nil && r.ok {
+				l.owner = r.owner
+				l.giveBack()
+			}
 		}
 		l.closeConn()
 		return nil, ctx.Err()
@@ -399,33 +404,37 @@ func (l *Lease) confirm(ctx context.Context) (time.Time, error) {
 	return sent.Add(l.every), nil
 }
 
-// cancelMarked cancels, in the server, the statement carrying marker,
-// until its answer arrives on ch (at most releaseBound, then it gives up
-// and cancels it through its context). Returns the answer, if one came.
-func (l *Lease) cancelMarked(marker string, ch chan grantResult, qcancel context.CancelFunc) (grantResult, bool) {
+// cancelMarked cancels, in the server, the statement carrying marker
+// (pg_cancel_backend of the backend that runs it, found in
+// pg_stat_activity, behind PgBouncer too), again every 100 ms until fin is
+// closed (its call has returned): a cancellation that arrives before the
+// statement has started, or while it queues in the pool or in PgBouncer, is
+// lost, and the driver's own cancellation request has the same race. After
+// releaseBound it gives up, cancels the call's context (the driver's
+// cancellation), and waits one more second. Each attempt runs through spawn,
+// bounded by a second. Returns whether the call returned.
+func cancelMarked(db *sql.DB, marker string, fin <-chan struct{}, qcancel context.CancelFunc, spawn func(func())) bool {
 	giveUp := time.NewTimer(releaseBound)
 	defer giveUp.Stop()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
-		l.goCall(func() {
+		spawn(func() {
 			defer ccancel()
-			// the statement may not have reached the server yet (it queues
-			// in the pool or in PgBouncer): tried again at the next tick
-			_, _ = l.db.ExecContext(cctx, sqlCancelMarked, marker)
+			_, _ = db.ExecContext(cctx, sqlCancelMarked, marker)
 		})
 		select {
-		case r := <-ch:
-			return r, true
+		case <-fin:
+			return true
 		case <-tick.C:
 		case <-giveUp.C:
 			qcancel()
 			select {
-			case r := <-ch:
-				return r, true
+			case <-fin:
+				return true
 			case <-time.After(time.Second):
-				return grantResult{}, false
+				return false
 			}
 		}
 	}

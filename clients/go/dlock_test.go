@@ -138,7 +138,7 @@ func leaseGoroutines() int {
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		if strings.Contains(g, "dlock.(*Lease)") || strings.Contains(g, "dlock.Observe") ||
-			strings.Contains(g, "dlock.grant") {
+			strings.Contains(g, "dlock.(*Observer)") || strings.Contains(g, "dlock.grant") {
 			n++
 		}
 	}
@@ -876,6 +876,10 @@ func TestElection(t *testing.T) {
 	need(t)
 	db := direct(t)
 	const el = "go-election"
+	if err := db.Ping(); err != nil {
+		t.Fatal(err)
+	}
+	baseline := runtime.NumGoroutine()
 	ctx, stop := context.WithCancel(bg)
 	defer stop()
 	states := Observe(ctx, db, el)
@@ -948,9 +952,17 @@ func TestElection(t *testing.T) {
 	if _, err := Leader(bg, db, el); !errors.Is(err, ErrNoLeader) {
 		t.Errorf("leader after resigning: %v", err)
 	}
+	// stop following while a call waits in the server: it ends at once
+	time.Sleep(200 * time.Millisecond)
+	stopped := time.Now()
 	stop()
 	for range states {
 	}
+	if d := time.Since(stopped); d > 2*time.Second {
+		t.Errorf("the observer took %v to stop", d)
+	}
+	a.Release(bg)
+	noGoroutinesLeft(t, baseline)
 }
 
 // Permits and shared leases.

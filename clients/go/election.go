@@ -121,8 +121,29 @@ func (o *Observer) Next(ctx context.Context) (State, error) {
 		if o.value.Valid {
 			seen = o.value.String
 		}
-		err := o.db.QueryRowContext(ctx, sqlObserve, o.key, o.fence, interval(o.Wait),
-			seen, o.seenEnd).Scan(&s.State, &fence, &holder, &value, &exp, &since)
+		// The call runs on a context of its own, cancelled in the server
+		// when ctx is (see cancelMarked: the driver's cancellation alone
+		// can arrive before the statement starts, and be lost, and the
+		// call would then wait its whole Wait).
+		if err := ctx.Err(); err != nil {
+			return State{}, err
+		}
+		marker := "dlock-go:" + randomHex(8)
+		qctx, qcancel := context.WithCancel(context.Background())
+		fin := make(chan struct{})
+		var err error
+		go func() {
+			defer close(fin)
+			defer qcancel()
+			err = o.db.QueryRowContext(qctx, "/* "+marker+" */ "+sqlObserve, o.key, o.fence,
+				interval(o.Wait), seen, o.seenEnd).Scan(&s.State, &fence, &holder, &value, &exp, &since)
+		}()
+		select {
+		case <-fin:
+		case <-ctx.Done():
+			cancelMarked(o.db, marker, fin, qcancel, func(f func()) { go f() })
+			return State{}, ctx.Err()
+		}
 		if err == sql.ErrNoRows {
 			continue // the wait ran out: nothing new
 		}
