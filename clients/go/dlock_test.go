@@ -338,7 +338,10 @@ func TestNullRenewalLosesAtOnce(t *testing.T) {
 func TestUseFenceRefusedIsLost(t *testing.T) {
 	need(t)
 	db := direct(t)
-	l, err := Acquire(bg, db, "go-lf001", Options{TTL: 10 * time.Second, RenewEvery: 9 * time.Second})
+	logged := make(chan string, 1)
+	l, err := Acquire(bg, db, "go-lf001", Options{TTL: 10 * time.Second, RenewEvery: 9 * time.Second,
+		OnLost: func(error) { panic("in OnLost") },
+		Logf:   func(f string, args ...interface{}) { logged <- fmt.Sprintf(f, args...) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,6 +365,14 @@ func TestUseFenceRefusedIsLost(t *testing.T) {
 	var le *LostError
 	if !errors.As(l.Err(), &le) || le.Reason != LostFenced || l.Context().Err() == nil {
 		t.Errorf("after LF001: Err %v", l.Err())
+	}
+	select {
+	case s := <-logged:
+		if !strings.Contains(s, "in OnLost") {
+			t.Errorf("logged %q", s)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("a panic in OnLost was not logged")
 	}
 }
 
