@@ -20,18 +20,21 @@ from __future__ import annotations
 import asyncio
 import datetime
 import getpass
+import inspect
 import logging
+import math
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass
+import weakref
 from typing import (Any, AsyncIterator, Callable, List, Optional, Sequence,
-                    Tuple, Union)
+                    Tuple, Union, cast)
 
 import psycopg
 
-from ._errors import Busy, LeaseLost, Unavailable, map_error
+from ._errors import Busy, InvalidArgument, LeaseLost, Unavailable, map_error
 
 log = logging.getLogger("dlock")
 
@@ -44,8 +47,15 @@ def _remaining(col: str) -> str:
             "pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8")
 
 
-_LEASE_COLUMNS = ("SELECT l.key, l.owner::pg_catalog.text, l.fence, l.expires_at, "
-                  + _remaining("l.expires_at"))
+# Timestamps come back as numeric seconds since the epoch (EXTRACT gives
+# numeric): psycopg parses a timestamptz's text only in DateStyle ISO, and a
+# role or database may set another; numeric's text no setting changes.
+def _epoch(col: str) -> str:
+    return "EXTRACT(EPOCH FROM " + col + ")"
+
+
+_LEASE_COLUMNS = ("SELECT l.key, l.owner::pg_catalog.text, l.fence, "
+                  + _epoch("l.expires_at") + ", " + _remaining("l.expires_at"))
 
 SQL_TRY_ACQUIRE = (
     _LEASE_COLUMNS + " FROM dlock.try_acquire(%s, %s::pg_catalog.interval, "
@@ -63,23 +73,70 @@ SQL_CAMPAIGN = (
     "wait => %s::pg_catalog.interval, holder => %s, "
     "lock_delay => %s::pg_catalog.interval, "
     "session_bound => %s::pg_catalog.bool) AS l")
-SQL_RENEW = ("SELECT e, " + _remaining("e") +
+SQL_RENEW = ("SELECT " + _epoch("e") + ", " + _remaining("e") +
              " FROM dlock.renew(%s, %s::pg_catalog.uuid, %s::pg_catalog.interval) AS e")
 SQL_RELEASE = "SELECT dlock.release(%s, %s::pg_catalog.uuid)"
 SQL_PROCLAIM = "SELECT dlock.proclaim(%s, %s::pg_catalog.uuid, %s)"
 SQL_USE_FENCE = "SELECT dlock.use_fence(%s, %s::pg_catalog.int8)"
-SQL_LEADER = ("SELECT l.value, l.fence, l.since, l.expires_at "
+SQL_LEADER = ("SELECT l.value, l.fence, " + _epoch("l.since") + ", "
+              + _epoch("l.expires_at") + " "
               "FROM dlock.leader(%s) AS l")
-SQL_OBSERVE = ("SELECT o.fence, o.holder, o.value, o.state, o.expires_at, o.since "
+SQL_OBSERVE = ("SELECT o.fence, o.holder, o.value, o.state, " + _epoch("o.expires_at")
+               + ", " + _epoch("o.since") + " "
                "FROM dlock.observe(%s, %s::pg_catalog.int8, %s::pg_catalog.interval, "
                "%s, %s::pg_catalog.bool) AS o")
 
+#: how long making the connection for a grant may take
+CONNECT_LIMIT = 10.0
 #: how long a release may take (the CLI's figure)
 RELEASE_LIMIT = 5.0
 #: how long a cancelled grant waits for the server's answer before giving up
 CANCEL_LIMIT = 5.0
 #: margin on top of an observe call's own wait
 OBSERVE_SLACK = 10.0
+
+
+def _ts(epoch: Any) -> Optional[datetime.datetime]:
+    """A timestamp read as seconds since the epoch (see _epoch), in UTC."""
+    if epoch is None:
+        return None
+    return datetime.datetime.fromtimestamp(float(epoch), datetime.timezone.utc)
+
+
+def _check_seconds(name: str, value: Optional[float], *, positive: bool) -> None:
+    """A duration argument: a finite number of seconds (NaN and infinities
+    would make the deadline arithmetic meaningless)."""
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value):
+        raise InvalidArgument("%s must be a finite number of seconds, not %r" % (name, value))
+    if value < 0 or (positive and value == 0):
+        raise InvalidArgument("%s must be %s, not %r"
+                              % (name, "positive" if positive else "zero or more", value))
+
+
+def _check_text(name: str, value: Optional[str]) -> None:
+    """PostgreSQL text cannot hold NUL: refuse it here, typed."""
+    if value is not None and "\x00" in value:
+        raise InvalidArgument("%s must not contain a NUL character" % name)
+
+
+def check_args(*, key: str, ttl: float, wait: Optional[float] = None,
+               holder: Optional[str] = None, lock_delay: Optional[float] = None,
+               renew_every: Optional[float] = None,
+               campaign_value: Optional[str] = None, **_: Any) -> None:
+    """The checks the library makes before anything is sent."""
+    _check_seconds("ttl", ttl, positive=True)
+    _check_seconds("wait", wait, positive=False)
+    _check_seconds("lock_delay", lock_delay, positive=False)
+    _check_seconds("renew_every", renew_every, positive=True)
+    if renew_every is not None and renew_every >= ttl:
+        raise InvalidArgument("renew_every must be below the ttl (%r >= %r)"
+                              % (renew_every, ttl))
+    _check_text("key", key)
+    _check_text("holder", holder)
+    _check_text("value", campaign_value)
 
 
 def _ms(seconds: float) -> datetime.timedelta:
@@ -191,7 +248,15 @@ class OwnLink(Link):
 
     async def grant(self, sql: str, params: Sequence[Any],
                     timeout: Optional[float]) -> List[Tuple[Any, ...]]:
-        conn = await asyncio.wait_for(self._connect(), timeout)
+        # The connection is made before the request is sent, so its time is
+        # not the lease's: give it CONNECT_LIMIT (or the grant's own limit
+        # when that is longer), so that a tiny TTL is not a connect timeout.
+        limit = CONNECT_LIMIT if timeout is None else max(timeout, CONNECT_LIMIT)
+        try:
+            conn = await asyncio.wait_for(self._connect(), limit)
+        except asyncio.TimeoutError:
+            await self.drop()
+            raise Unavailable("could not connect within %.3f s" % limit) from None
         return await _cancellable_grant(conn, sql, params, timeout, self.drop)
 
     async def drop(self) -> None:
@@ -283,11 +348,34 @@ async def _give_back(conn: Any, inner: "asyncio.Future[Any]",
             await drop()
 
 
+async def cancel_in_server(conn: Any, limit: float = 2.0) -> None:
+    """Ask the server to cancel conn's statement in flight, waiting at most
+    limit for the request to be delivered (PQcancel blocks: it runs in a
+    short-lived thread of its own)."""
+    t = threading.Thread(target=_send_cancel, args=(conn,), name="dlock-cancel",
+                         daemon=True)
+    t.start()
+    until = now() + limit
+    while t.is_alive() and now() < until:
+        await asyncio.sleep(0.01)
+
+
 def _send_cancel(conn: Any) -> None:
     try:
         conn.pgconn.get_cancel().cancel()
     except Exception:
         pass
+
+
+def check_in_transaction(conn: Any) -> None:
+    """use_fence presents the token for the rest of the transaction; on an
+    autocommit connection outside a transaction block that is its own
+    statement only, and the write that follows would go unfenced."""
+    if conn.autocommit and \
+            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        raise InvalidArgument("use_fence needs a transaction: this connection is in "
+                              "autocommit with no transaction open (use "
+                              "lease.transaction(conn), or conn.transaction())")
 
 
 @dataclass
@@ -325,10 +413,8 @@ class LeaseCore:
                  on_lost: Optional[Callable[[Any], Any]],
                  campaign_value: Optional[str] = None,
                  owner_object: Any = None) -> None:
-        if ttl <= 0:
-            raise ValueError("ttl must be positive")
-        if wait is not None and wait < 0:
-            raise ValueError("wait must not be negative")
+        check_args(key=key, ttl=ttl, wait=wait, holder=holder, lock_delay=lock_delay,
+                   renew_every=renew_every, campaign_value=campaign_value)
         if session_bound and not link.session_capable:
             raise ValueError("session_bound needs a connection of the lease's own: "
                              "pass a conninfo, not a pool")
@@ -342,11 +428,17 @@ class LeaseCore:
         self.permits = permits
         self.mode = mode
         self.renew_every = float(renew_every) if renew_every else self.ttl / 3
-        if self.renew_every <= 0 or self.renew_every >= self.ttl:
-            raise ValueError("renew_every must be positive and below the ttl")
+        if self.renew_every >= self.ttl:
+            raise InvalidArgument("renew_every must be below the ttl (%r >= %r)"
+                                  % (self.renew_every, self.ttl))
         self.on_lost = on_lost
         self.campaign_value = campaign_value
-        self.owner_object = owner_object if owner_object is not None else self
+        # The Lease object is held weakly, so that one dropped without a
+        # release is noticed (the renewer gives the lease back) instead of
+        # being renewed for ever by the renewer's own reference.
+        self._owner_ref: Optional[Callable[[], Any]] = (
+            weakref.ref(owner_object) if owner_object is not None else None)
+        self.pid = os.getpid()
 
         self.owner: Optional[str] = None
         self.fence: Optional[int] = None
@@ -370,11 +462,22 @@ class LeaseCore:
     # ---- state readable from any thread
 
     @property
+    def owner_object(self) -> Any:
+        """What on_lost is called with: the Lease (None once collected)."""
+        return self._owner_ref() if self._owner_ref is not None else self
+
+    @property
     def lost(self) -> bool:
         """True once the lease is lost, or its deadline has passed (even if
         the renewer has not come round to say so yet: a paused process
         must not believe it on waking)."""
         if self._lost:
+            return True
+        if self.owner is not None and os.getpid() != self.pid:
+            # a child of fork(): nothing renews the lease here, and the
+            # parent may still write under it
+            self.mark_lost("inherited across fork() from process %d, which alone "
+                           "renews and releases it" % self.pid)
             return True
         if self.owner is not None and not self.released and now() >= self.deadline:
             self.mark_lost("no renewal was confirmed before it ran out (%.0f ms after the "
@@ -407,6 +510,8 @@ class LeaseCore:
             self.lost_at = now()
         log.warning("dlock: lost the lease on %r: %s", self.key, reason)
         loop, wake = self._loop, self._wake
+        if os.getpid() != self.pid:
+            return      # the loop belongs to the parent process
         if loop is not None and wake is not None and not loop.is_closed():
             try:
                 if _running_loop() is loop:
@@ -422,9 +527,26 @@ class LeaseCore:
             return
         self._callback_done = True
         try:
-            self.on_lost(self.owner_object)
-        except Exception:
-            log.exception("dlock: the on_lost callback of the lease on %r raised", self.key)
+            result = self.on_lost(self.owner_object)
+            if inspect.isawaitable(result):
+                # an async callback: run it in this loop, its failure logged
+                task = asyncio.ensure_future(result)
+                task.add_done_callback(self._callback_finished)
+        except BaseException:  # noqa: B902 - nothing may escape into the renewer
+            # SystemExit or KeyboardInterrupt included: raised here, in
+            # the renewer's loop, they would end the renewals of every
+            # other lease and could not end the process anyway
+            log.exception("dlock: the on_lost callback of the lease on %r raised "
+                          "(it runs in dlock's renewer, where it cannot stop the "
+                          "program: set a flag, or signal the main thread)", self.key)
+
+    def _callback_finished(self, task: "asyncio.Future[Any]") -> None:
+        if task.cancelled():
+            return
+        ex = task.exception()
+        if ex is not None:
+            log.error("dlock: the on_lost callback of the lease on %r raised",
+                      self.key, exc_info=ex)
 
     # ---- grant
 
@@ -464,7 +586,8 @@ class LeaseCore:
         if not rows:
             await self.link.close()
             raise Busy("key %r is held by someone else" % self.key)
-        _key, self.owner, self.fence, self.expires_at, remaining = rows[0]
+        _key, self.owner, self.fence, expires_at, remaining = rows[0]
+        self.expires_at = _ts(expires_at)
         if isinstance(self.link, OwnLink):
             self._session_generation = self.link.generation
         self._confirmed(sent, remaining)
@@ -493,7 +616,7 @@ class LeaseCore:
         if not rows or rows[0][0] is None:
             self.mark_lost("lost before it was handed over (its first renewal returned NULL)")
             raise LeaseLost("the lease on %r was lost before it was handed over" % self.key)
-        self.expires_at = rows[0][0]
+        self.expires_at = _ts(rows[0][0])
         self._confirmed(sent, rows[0][1])
 
     async def _give_back_quietly(self) -> None:
@@ -512,6 +635,12 @@ class LeaseCore:
                 t = now()
                 if self.lost:          # also notices the deadline
                     break
+                if self._owner_ref is not None and self._owner_ref() is None:
+                    log.warning("dlock: the lease on %r was dropped without being "
+                                "released; releasing it", self.key)
+                    await self._give_back_quietly()
+                    self.released = True
+                    return
                 if t < self.next_try:
                     await self._sleep(min(self.next_try, self.deadline) - t)
                     continue
@@ -573,7 +702,7 @@ class LeaseCore:
             return
         if self.lost:
             return      # the deadline passed while we waited: it stays lost
-        self.expires_at = rows[0][0]
+        self.expires_at = _ts(rows[0][0])
         self._confirmed(sent, rows[0][1])
         self.last_error = None
 
@@ -654,7 +783,8 @@ async def leader(link: Link, election: str, timeout: float = 30.0) -> Optional[L
     if not rows:
         return None
     value, fence, since, expires_at = rows[0]
-    return Leader(value=value, epoch=fence, since=since, expires_at=expires_at)
+    return Leader(value=value, epoch=fence, since=cast(datetime.datetime, _ts(since)),
+                  expires_at=cast(datetime.datetime, _ts(expires_at)))
 
 
 async def observe(link: Link, key: str, after_fence: int = 0,
@@ -668,19 +798,24 @@ async def observe(link: Link, key: str, after_fence: int = 0,
     seen_end = False
     started = False
     backoff = 0.1
+    polling = False
     try:
         while True:
             wait = poll if started else 0.0
+            polling = True
             try:
                 rows = await link.run(SQL_OBSERVE, (key, fence, _ms(wait), value, seen_end),
                                       wait + OBSERVE_SLACK)
             except (Unavailable, psycopg.OperationalError) as ex:
+                polling = False
                 log.info("dlock: observe of %r: %s (retrying)", key, ex)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
             except psycopg.Error as ex:
+                polling = False
                 raise map_error(ex) from None
+            polling = False
             backoff = 0.1
             if not rows:
                 if started:
@@ -688,7 +823,7 @@ async def observe(link: Link, key: str, after_fence: int = 0,
                 obs = Observation("none", None, None, None, None, None)
             else:
                 f, holder, v, state, expires_at, since = rows[0]
-                obs = Observation(state, f, holder, v, expires_at, since)
+                obs = Observation(state, f, holder, v, _ts(expires_at), _ts(since))
             started = True
             if obs.fence is not None:
                 fence = obs.fence
@@ -696,6 +831,14 @@ async def observe(link: Link, key: str, after_fence: int = 0,
             seen_end = obs.state != "held"
             yield obs
     finally:
+        # Closed or cancelled in the middle of a long poll: the server
+        # would go on waiting (up to poll) with nobody to answer, holding
+        # a connection (behind PgBouncer, a server connection); cancel it.
+        # (A pool's connection is cut off by PoolLink instead.)
+        if polling and isinstance(link, OwnLink) and link.conn is not None \
+                and not link.conn.closed \
+                and link.conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+            await cancel_in_server(link.conn)
         await link.close()
 
 

@@ -35,7 +35,9 @@ class StaleFence(LeaseLost):
 
 
 class InvalidArgument(Error, ValueError):
-    """The server refused an argument (``22023``, ``22004``)."""
+    """An argument was refused: by the server (``22023``, ``22004``), or
+    by the library before anything was sent (a NaN or infinite duration, a
+    NUL in a text)."""
 
 
 class ReadOnly(Error):

@@ -12,10 +12,14 @@ in the server and gives back a lease granted meanwhile.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import functools
+import os
 import threading
+import time
+import weakref
 from typing import (Any, Awaitable, Callable, Dict, Iterator, List, Optional,
                     TypeVar, cast)
 
@@ -37,6 +41,7 @@ class _Service:
     _refs = 0
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.pools: Dict[int, List[Any]] = {}   # id(sync pool) -> [apool, refs, pool]
         self.thread = threading.Thread(target=self._main, name="dlock-renewer",
@@ -50,6 +55,10 @@ class _Service:
     @classmethod
     def enter(cls) -> "_Service":
         with cls._lock:
+            if cls._current is not None and cls._current.pid != os.getpid():
+                # a child of fork(): the parent's thread was not copied;
+                # its leases stay the parent's (lost here), start afresh
+                cls._current, cls._refs = None, 0
             if cls._current is None:
                 cls._current = _Service()
             cls._refs += 1
@@ -58,6 +67,8 @@ class _Service:
     @classmethod
     def leave(cls) -> None:
         with cls._lock:
+            if cls._current is not None and cls._current.pid != os.getpid():
+                return
             cls._refs -= 1
             if cls._refs > 0 or cls._current is None:
                 return
@@ -98,6 +109,9 @@ class _Service:
         if threading.current_thread() is self.thread:
             raise RuntimeError("dlock: a sync call from the renewer thread "
                                "(an on_lost callback) would wait for itself")
+        if self.pid != os.getpid():
+            raise RuntimeError("dlock: this lease belongs to process %d; a child of "
+                               "fork() cannot use it" % self.pid)
         done = threading.Event()
 
         async def wrapper() -> T:
@@ -108,7 +122,7 @@ class _Service:
 
         fut = asyncio.run_coroutine_threadsafe(wrapper(), self.loop)
         try:
-            return fut.result(timeout)
+            return self._result(fut, timeout)
         except concurrent.futures.TimeoutError:
             fut.cancel()
             done.wait(15)
@@ -116,9 +130,24 @@ class _Service:
         except BaseException:
             if not fut.done():
                 fut.cancel()
-                while not done.wait(15):
+                # wait for the coroutine's cleanup, unless nothing runs it
+                while not done.wait(1) and self.thread.is_alive():
                     pass
             raise
+
+    def _result(self, fut: "concurrent.futures.Future[T]", timeout: Optional[float]) -> T:
+        """fut's result, waiting in slices so that a renewer thread that
+        died (it never should) is an error instead of a hang."""
+        until = None if timeout is None else time.monotonic() + timeout
+        while True:
+            slice_ = 1.0 if until is None else min(1.0, max(until - time.monotonic(), 0.0))
+            try:
+                return fut.result(slice_)
+            except concurrent.futures.TimeoutError:
+                if until is not None and time.monotonic() >= until:
+                    raise
+                if not self.thread.is_alive():
+                    raise RuntimeError("dlock: the renewer thread has ended") from None
 
     def link(self, target: Any) -> Any:
         """The Link for target: a conninfo, or a sync ConnectionPool (whose
@@ -144,6 +173,22 @@ class _Service:
         return _core.PoolLink(entry[0])
 
 
+#: the sync leases acquired and not yet released, given back at exit
+_live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """An interpreter that exits while holding leases gives them back
+    (each bounded as any release) instead of leaving the keys blocked
+    for their TTL."""
+    for lease in list(_live):
+        try:
+            lease.release()
+        except BaseException:  # noqa: B902 - exiting anyway
+            pass
+
+
 class Lease:
     """A lease on a key, renewed in the background while held.
 
@@ -166,6 +211,7 @@ class Lease:
         self._core: Optional[LeaseCore] = None
         self._svc: Optional[_Service] = None
         self.key = key
+        _core.check_args(**self._args)  # type: ignore[arg-type]
 
     # ---- the lease's facts
 
@@ -222,6 +268,7 @@ class Lease:
             _Service.leave()
             raise
         self._svc = svc
+        _live.add(self)
         return self
 
     def release(self) -> Optional[bool]:
@@ -230,7 +277,16 @@ class Lease:
         by itself; logged)."""
         if self._svc is None or self._core is None:
             return None
+        if threading.current_thread() is self._svc.thread:
+            raise RuntimeError("dlock: do not release a lease from an on_lost callback "
+                               "(it runs in the renewer, which the release waits for); "
+                               "a lost lease needs no release")
+        if self._svc.pid != os.getpid():
+            # a child of fork(): the lease is the parent's to release
+            self._svc = None
+            return None
         svc, self._svc = self._svc, None
+        _live.discard(self)
         try:
             return svc.run(self._core.release())
         finally:
@@ -241,14 +297,34 @@ class Lease:
     def __enter__(self) -> "Lease":
         if self._core is None:
             self.acquire()
+        elif self._svc is None:
+            raise RuntimeError("the lease on %r was already released: a Lease object "
+                               "is acquired once, make a new one" % self.key)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
 
     def __del__(self) -> None:
-        if getattr(self, "_svc", None) is not None:
-            _core.log.warning("dlock: the lease on %r was never released", self.key)
+        # Dropped while held: give it back rather than renew it for ever,
+        # and let the renewer thread stop once no lease needs it.
+        svc, core = getattr(self, "_svc", None), getattr(self, "_core", None)
+        if svc is None or core is None:
+            return
+        self._svc = None
+        _core.log.warning("dlock: the lease on %r was dropped without being released; "
+                          "releasing it", self.key)
+        if svc.pid != os.getpid() or not svc.thread.is_alive():
+            return
+
+        def leave(_fut: Any) -> None:
+            # runs in the renewer's loop, which leave() may stop and join
+            threading.Thread(target=_Service.leave, name="dlock-leave",
+                             daemon=True).start()
+        try:
+            asyncio.run_coroutine_threadsafe(core.release(), svc.loop).add_done_callback(leave)
+        except RuntimeError:
+            pass
 
     # ---- fencing
 
@@ -260,6 +336,7 @@ class Lease:
         LeaseLost) when the server refuses the token (LF001)."""
         core = self._c()
         core.check()
+        _core.check_in_transaction(cur.connection)
         try:
             cur.execute(_core.SQL_USE_FENCE, (core.key, core.fence), prepare=False)
         except psycopg.Error as ex:

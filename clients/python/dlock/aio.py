@@ -89,6 +89,10 @@ class AsyncLease:
     async def __aenter__(self) -> "AsyncLease":
         if not self._acquired:
             await self.acquire()
+        elif self._core.owner is None or self._core.released:
+            raise RuntimeError("the lease on %r was released or never granted: an "
+                               "AsyncLease object is acquired once, make a new one"
+                               % self.key)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -99,6 +103,7 @@ class AsyncLease:
         :class:`dlock.LeaseLost` once lost, :class:`dlock.StaleFence` on LF001."""
         core = self._c()
         core.check()
+        _core.check_in_transaction(cur.connection)
         try:
             await cur.execute(_core.SQL_USE_FENCE, (core.key, core.fence), prepare=False)
         except psycopg.Error as ex:

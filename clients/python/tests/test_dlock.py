@@ -595,5 +595,233 @@ class T07Packaging(Base):
             self.assertEqual(typed, "True")
 
 
+class T08Misuse(Base):
+    """What an attack pass found (issue 21): each case failed before its fix."""
+
+    def test_on_lost_raising_system_exit_spares_the_others(self):
+        """An on_lost that raises SystemExit must not end the renewer:
+        the other leases keep renewing and release() returns."""
+        def bail(lease):
+            sys.exit("lease lost")
+        with dlock.lease(DSN, "exit-healthy", ttl=1.5) as healthy:
+            with dlock.lease(DSN, "exit-victim", ttl=1.5, on_lost=bail) as victim:
+                sql("SELECT dlock.forget('exit-victim')")
+                end = time.monotonic() + 3
+                while not victim.lost and time.monotonic() < end:
+                    time.sleep(0.05)
+                self.assertTrue(victim.lost)
+            time.sleep(2.0)                    # past healthy's TTL: renewed?
+            self.assertFalse(healthy.lost, healthy.lost_reason)
+            self.assertEqual(held("exit-healthy"), 1)
+        self.assertEqual(held("exit-healthy"), 0)
+        self.assertNoThreadLeft()
+
+    def test_lease_object_is_acquired_once(self):
+        """A second `with` on a released Lease must not run unlocked."""
+        lease = dlock.lease(DSN, "reuse", ttl=5)
+        with lease:
+            pass
+        with self.assertRaises(RuntimeError):
+            with lease:
+                self.fail("ran without the lease")
+
+        async def main():
+            alease = dlock.aio.lease(DSN, "reuse", ttl=5)
+            async with alease:
+                pass
+            with self.assertRaises(RuntimeError):
+                async with alease:
+                    self.fail("ran without the lease")
+        asyncio.run(main())
+        self.assertEqual(held("reuse"), 0)
+        self.assertNoThreadLeft()
+
+    def test_odd_datestyle_and_float_digits(self):
+        """A role's DateStyle or extra_float_digits must neither break a
+        grant nor leave a lease behind."""
+        sql("DROP ROLE IF EXISTS dlock_odd")
+        sql("CREATE ROLE dlock_odd LOGIN SUPERUSER")
+        sql("ALTER ROLE dlock_odd SET datestyle = 'SQL, DMY'")
+        sql("ALTER ROLE dlock_odd SET extra_float_digits = -15")
+        sql("ALTER ROLE dlock_odd SET timezone = 'America/St_Johns'")
+        dsn = DSN + " user=dlock_odd"
+        try:
+            before = time.time()
+            with dlock.lease(dsn, "odd-style", ttl=30) as lease:
+                exp = lease.expires_at.timestamp()
+                self.assertTrue(before + 25 < exp < time.time() + 35, exp - before)
+                self.assertGreater(lease.remaining(), 25)
+            with dlock.campaign(dsn, "odd-election", "v1", ttl=30) as lead:
+                who = dlock.leader(dsn, "odd-election")
+                self.assertEqual((who.value, who.epoch), ("v1", lead.epoch))
+                self.assertLess(abs(who.since.timestamp() - time.time()), 5)
+                obs = dlock.observe(dsn, "odd-election")
+                first = next(obs)
+                obs.close()
+                self.assertEqual((first.state, first.fence), ("held", lead.epoch))
+            self.assertEqual(held("odd-style") + held("odd-election"), 0)
+        finally:
+            sql("DROP ROLE dlock_odd")
+        self.assertNoThreadLeft()
+
+    def test_fork_child_does_not_believe_it_holds(self):
+        """A child of fork() does not renew the lease: it sees it lost at
+        once, and its release() neither hangs nor releases the parent's."""
+        with dlock.lease(DSN, "forked", ttl=5) as lease:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                try:
+                    t = time.monotonic()
+                    lost = lease.lost
+                    rel = lease.release()
+                    msg = "%s %s %.1f" % (lost, rel, time.monotonic() - t)
+                except BaseException as ex:  # noqa: B902
+                    msg = "error %r" % ex
+                os.write(w, msg.encode())
+                os._exit(0)
+            os.close(w)
+            _, status = os.waitpid(pid, 0)
+            msg = os.read(r, 200).decode()
+            os.close(r)
+            lost, rel, took = msg.split()
+            self.assertEqual((lost, rel), ("True", "None"), msg)
+            self.assertLess(float(took), 1.0)
+            self.assertFalse(lease.lost)
+            self.assertEqual(held("forked"), 1)
+        self.assertEqual(held("forked"), 0)
+        self.assertNoThreadLeft()
+
+    def test_unanswered_connect_and_tiny_ttl_are_typed(self):
+        """No answer while connecting is dlock.Unavailable, not a bare
+        TimeoutError; a TTL shorter than the connection is not either."""
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(1)                        # accepts, never answers
+        port = lsock.getsockname()[1]
+        saved = dlock._core.CONNECT_LIMIT
+        dlock._core.CONNECT_LIMIT = 1.0
+        try:
+            with self.assertRaises(dlock.Unavailable):
+                dlock.acquire("host=127.0.0.1 port=%d dbname=x" % port, "bh", ttl=0.5)
+        finally:
+            dlock._core.CONNECT_LIMIT = saved
+            lsock.close()
+        try:
+            lease = dlock.acquire(DSN, "tiny-ttl", ttl=0.001)
+            lease.release()
+        except dlock.Error:
+            pass                               # typed either way
+        for bad in (dict(ttl=float("nan")), dict(ttl=float("inf")), dict(wait=float("nan")),
+                    dict(renew_every=float("nan")), dict(lock_delay=-1)):
+            with self.assertRaises(dlock.InvalidArgument, msg=repr(bad)):
+                dlock.lease(DSN, "bad", **dict(dict(ttl=5), **bad))
+        with self.assertRaises(dlock.InvalidArgument):
+            dlock.lease(DSN, "nul\x00key", ttl=5)
+        with self.assertRaises(dlock.InvalidArgument):
+            dlock.lease(DSN, "k", ttl=5, holder="a\x00b")
+        self.assertNoThreadLeft()
+
+    def test_release_from_on_lost_refused_and_nothing_left(self):
+        """release() from on_lost is refused without disturbing anything:
+        the thread still stops once the lease is released."""
+        seen = []
+
+        def cb(lease):
+            try:
+                lease.release()
+            except RuntimeError as ex:
+                seen.append(str(ex))
+        lease = dlock.acquire(DSN, "cb-release", ttl=1.5, on_lost=cb)
+        sql("SELECT dlock.forget('cb-release')")
+        end = time.monotonic() + 3
+        while not seen and time.monotonic() < end:
+            time.sleep(0.05)
+        self.assertEqual(len(seen), 1, seen)
+        self.assertEqual(lease.release(), False)
+        self.assertNoThreadLeft()
+
+    def test_async_on_lost_coroutine_is_awaited(self):
+        async def main():
+            ran = asyncio.Event()
+
+            async def cb(lease):
+                ran.set()
+            lease = await dlock.aio.acquire(DSN, "acb", ttl=1.5, on_lost=cb)
+            sql("SELECT dlock.forget('acb')")
+            await asyncio.wait_for(ran.wait(), 3)
+            self.assertEqual(await lease.release(), False)
+        asyncio.run(main())
+
+    def test_observe_stopped_mid_poll_is_cancelled_in_server(self):
+        """An observe interrupted in its long poll (SIGINT in sync code, a
+        cancelled task in asyncio) cancels the poll in the server instead
+        of leaving it to run out."""
+        polls = ("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                 "AND query LIKE '%%dlock.observe%%' AND pid <> pg_backend_pid()")
+
+        def none_left():
+            end = time.monotonic() + 3
+            while sql(polls)[0][0] and time.monotonic() < end:
+                time.sleep(0.05)
+            return sql(polls)[0][0] == 0
+
+        obs = dlock.observe(DSN, "obs-cancel", poll=30)
+        self.assertEqual(next(obs).state, "none")
+        timer = threading.Timer(0.7, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with self.assertRaises(KeyboardInterrupt):
+            next(obs)
+        timer.join()
+        obs.close()
+        self.assertTrue(none_left(), "the sync poll was cancelled in the server")
+
+        async def amain():
+            agen = dlock.aio.observe(DSN, "obs-cancel", poll=30)
+            self.assertEqual((await agen.__anext__()).state, "none")
+            task = asyncio.ensure_future(agen.__anext__())
+            await asyncio.sleep(0.7)
+            self.assertEqual(sql(polls)[0][0], 1, "the long poll runs")
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await task
+            await agen.aclose()
+        asyncio.run(amain())
+        self.assertTrue(none_left(), "the async poll was cancelled in the server")
+        self.assertNoThreadLeft()
+
+    def test_dropped_lease_is_released(self):
+        lease = dlock.acquire(DSN, "dropped", ttl=1.5)
+        self.assertEqual(held("dropped"), 1)
+        del lease
+        end = time.monotonic() + 3
+        while held("dropped") and time.monotonic() < end:
+            time.sleep(0.1)
+        self.assertEqual(held("dropped"), 0)
+
+    def test_fence_on_autocommit_connection_refused(self):
+        with dlock.lease(DSN, "item-ac", ttl=5) as lease:
+            with psycopg.connect(DSN, autocommit=True) as c:
+                with self.assertRaises(dlock.InvalidArgument):
+                    lease.fence_write(c)
+                with c.transaction():
+                    lease.fence_write(c)       # inside a transaction: fine
+            with psycopg.connect(DSN) as c:    # not autocommit: a transaction starts
+                lease.fence_write(c)
+                c.execute("INSERT INTO item VALUES ('item-ac', 1)")
+                c.commit()
+        self.assertNoThreadLeft()
+
+    def test_exit_while_holding_releases(self):
+        env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        r = subprocess.run([sys.executable, "-c",
+                            "import dlock, sys; l = dlock.acquire(sys.argv[1], 'exiting', ttl=30); "
+                            "print(l.fence)", DSN], env=env, capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(held("exiting"), 0, "released at exit, not left for its TTL")
+
+
 if __name__ == "__main__":
     unittest.main()
