@@ -35,10 +35,12 @@
  * remaining_ms: the lease's expiry minus the server's clock, read after the
  * grant or renewal.  It is a duration measured by the server alone, never
  * compared with our clock; it is shorter than the TTL asked for when
- * dlock.max_hold cut the lease short.
+ * dlock.max_hold cut the lease short.  Rounded down: send time + a duration
+ * rounded up could end after the server's expiry (over a Unix socket the
+ * round trip is shorter than the half millisecond rounding adds).
  */
 #define REMAINING_MS(col) \
-	"(pg_catalog.date_part('epoch', " col " OPERATOR(pg_catalog.-) " \
+	"pg_catalog.floor(pg_catalog.date_part('epoch', " col " OPERATOR(pg_catalog.-) " \
 	"pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8"
 
 #define LEASE_COLUMNS \

@@ -31,7 +31,7 @@ use Time::HiRes qw(usleep);
 use Cwd qw(abs_path);
 
 # the number of test cases in clients/python/tests
-my $expected_cases = 34;
+my $expected_cases = 37;
 
 my $python = $ENV{PYTHON} // '/usr/bin/python3';
 my $pgbouncer = $ENV{PGBOUNCER} // '/usr/sbin/pgbouncer';

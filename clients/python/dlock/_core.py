@@ -43,7 +43,8 @@ now = time.monotonic
 # remaining: the lease's expiry minus the server's clock, in ms, read in
 # the statement that granted or renewed it (client/main.c, REMAINING_MS)
 def _remaining(col: str) -> str:
-    return ("(pg_catalog.date_part('epoch', " + col + " OPERATOR(pg_catalog.-) "
+    # rounded down: a deadline rounded up could fall after the server's expiry
+    return ("pg_catalog.floor(pg_catalog.date_part('epoch', " + col + " OPERATOR(pg_catalog.-) "
             "pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8")
 
 
@@ -90,6 +91,8 @@ SQL_OBSERVE = ("SELECT o.fence, o.holder, o.value, o.state, " + _epoch("o.expire
 CONNECT_LIMIT = 10.0
 #: how long a release may take (the CLI's figure)
 RELEASE_LIMIT = 5.0
+#: how long the release of a lease already lost by our clock may take
+LOST_RELEASE_LIMIT = 0.4
 #: how long a cancelled grant waits for the server's answer before giving up
 CANCEL_LIMIT = 5.0
 #: margin on top of an observe call's own wait
@@ -275,8 +278,11 @@ class PoolLink(Link):
     def __init__(self, pool: Any) -> None:
         self.pool = pool
 
-    async def _run(self, sql: str, params: Sequence[Any]) -> List[Tuple[Any, ...]]:
+    async def _run(self, sql: str, params: Sequence[Any],
+                   state: Optional[List[bool]] = None) -> List[Tuple[Any, ...]]:
         async with self.pool.connection() as conn:
+            if state is not None:
+                state.append(True)      # a connection was had
             try:
                 return await fetch(conn, sql, params)
             except BaseException:
@@ -288,9 +294,14 @@ class PoolLink(Link):
 
     async def run(self, sql: str, params: Sequence[Any], timeout: Optional[float],
                   drop_on_timeout: bool = True) -> List[Tuple[Any, ...]]:
+        state: List[bool] = []
         try:
-            return await asyncio.wait_for(self._run(sql, params), timeout)
+            return await asyncio.wait_for(self._run(sql, params, state), timeout)
         except asyncio.TimeoutError:
+            if not state:
+                raise Unavailable("no connection from the pool within %.3f s (renewals "
+                                  "share the pool's max_size with everything else it "
+                                  "serves)" % (timeout or 0)) from None
             raise Unavailable("no answer from the server within %.3f s" % (timeout or 0))
 
     async def grant(self, sql: str, params: Sequence[Any],
@@ -448,6 +459,7 @@ class LeaseCore:
         self.next_try = 0.0
         self.last_error: Optional[str] = None
         self._lost = False
+        self.server_said_gone = False    # a renewal or release returned NULL/false
         self.lost_reason: Optional[str] = None
         self.lost_at: Optional[float] = None
         self.released = False
@@ -614,6 +626,7 @@ class LeaseCore:
         except psycopg.Error as ex:
             raise map_error(ex) from None
         if not rows or rows[0][0] is None:
+            self.server_said_gone = True
             self.mark_lost("lost before it was handed over (its first renewal returned NULL)")
             raise LeaseLost("the lease on %r was lost before it was handed over" % self.key)
         self.expires_at = _ts(rows[0][0])
@@ -698,6 +711,7 @@ class LeaseCore:
             self.next_try = now() + self._retry_delay()
             return
         if not rows or rows[0][0] is None:
+            self.server_said_gone = True
             self.mark_lost("a renewal found it no longer held (expired, released or taken)")
             return
         if self.lost:
@@ -724,10 +738,15 @@ class LeaseCore:
         self.released = True
         result: Optional[bool] = None
         try:
-            if self._lost:
+            if self.server_said_gone:
                 return False
+            # Lost by our clock only, the server may still hold it (a late
+            # answer, a network that came back): release(key, owner) frees
+            # it only if this owner still holds it, so try, briefly (a
+            # healthy server answers in milliseconds; a dead one must not
+            # hold up the program's exit).
             t = now()
-            until = min(self.deadline, t + RELEASE_LIMIT)
+            until = t + LOST_RELEASE_LIMIT if self._lost else min(self.deadline, t + RELEASE_LIMIT)
             if until <= t:
                 return None
             if self.session_bound and (self.link.conn is None  # type: ignore[attr-defined]
@@ -748,8 +767,11 @@ class LeaseCore:
                                 "by itself): %s", self.key, err)
                     break
                 await asyncio.sleep(self._retry_delay())
-            if result is False:
+            if result is False and not self._lost:
                 self.mark_lost("it was no longer held when released")
+                self._run_callback()
+            if self._lost:
+                return False
             return result
         finally:
             await self.link.close()

@@ -822,6 +822,46 @@ class T08Misuse(Base):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(held("exiting"), 0, "released at exit, not left for its TTL")
 
+    def test_lost_by_our_clock_is_still_given_back(self):
+        """A lease lost by the client's clock alone may still be held by
+        the server (a late answer, a network back): release() frees it."""
+        lease = dlock.acquire(DSN, "clock-lost", ttl=30)
+        lease._c().deadline = time.monotonic() - 1     # as after a long pause
+        self.assertTrue(lease.lost)
+        self.assertEqual(held("clock-lost"), 1)
+        self.assertEqual(lease.release(), False)
+        self.assertEqual(held("clock-lost"), 0, "given back in the server")
+        self.assertNoThreadLeft()
+
+    def test_release_that_finds_it_gone_calls_on_lost(self):
+        rec = Recorder()
+        lease = dlock.acquire(DSN, "gone-at-release", ttl=30, on_lost=rec)
+        sql("SELECT dlock.forget('gone-at-release')")
+        self.assertEqual(lease.release(), False)
+        self.assertEqual(rec.calls, 1)
+        self.assertTrue(lease.lost)
+        self.assertNoThreadLeft()
+
+    def test_pool_without_a_free_connection_says_so(self):
+        """Renewals share the pool's max_size: a pool kept busy loses the
+        lease, and the reason says it was the pool, not the server."""
+        from psycopg_pool import AsyncConnectionPool
+
+        async def main():
+            pool = AsyncConnectionPool(DSN, min_size=1, max_size=1,
+                                       kwargs=dict(autocommit=True))
+            await pool.wait()
+            try:
+                lease = await dlock.aio.acquire(pool, "pool-busy", ttl=1.2)
+                async with pool.connection():
+                    await asyncio.sleep(1.6)           # the only connection, kept
+                self.assertTrue(lease.lost)
+                self.assertIn("no connection from the pool", lease.lost_reason)
+                await lease.release()
+            finally:
+                await pool.close()
+        asyncio.run(main())
+
 
 if __name__ == "__main__":
     unittest.main()
