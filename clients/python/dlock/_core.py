@@ -597,7 +597,10 @@ class LeaseCore:
             raise
         if not rows:
             await self.link.close()
-            raise Busy("key %r is held by someone else" % self.key)
+            # no row: held by another, or (memory mode) grants are paused
+            # until the horizon after a restart; the server does not say which
+            raise Busy("key %r was not granted: it is held by someone else, or grants "
+                       "are paused (memory mode, after a restart)" % self.key)
         _key, self.owner, self.fence, expires_at, remaining = rows[0]
         self.expires_at = _ts(expires_at)
         if isinstance(self.link, OwnLink):
