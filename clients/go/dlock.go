@@ -31,8 +31,10 @@ import (
 	"errors"
 	"fmt"
 	"log"
+
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -82,9 +84,11 @@ type Options struct {
 	Mode Mode
 	// RenewEvery is how often the lease is renewed. Default TTL/3.
 	RenewEvery time.Duration
-	// OnLost, if set, is called once, from the renewing goroutine, when
-	// the lease is lost (not when it is released), with the reason (a
-	// *LostError). A panic in it is logged, not propagated.
+	// OnLost, if set, is called once when the lease is lost (not when it
+	// is released), with the reason (a *LostError): in a goroutine of the
+	// lease's own, after the renewer has ended, so it may call Release
+	// (and Release never waits for it). Also when Release itself finds
+	// the lease gone. A panic in it is logged, not propagated.
 	OnLost func(err error)
 	// Logf logs what the library cannot return: a panic in OnLost.
 	// Default log.Printf.
@@ -125,6 +129,7 @@ type Lease struct {
 	relOnce   sync.Once
 	relErr    error
 	closeOnce sync.Once
+	notified  int32 // OnLost called (atomic: Release may call it from OnLost)
 }
 
 // querier is what a lease's calls go through: the pool (*sql.DB) or the
@@ -472,48 +477,62 @@ func (l *Lease) releaseCall(ctx context.Context) (bool, error) {
 	}
 }
 
-// Release gives the lease back (dlock.release), within ctx and at most 5
-// seconds, after stopping the renewer and waiting for it. A failed release
-// need not be handled (the lease expires by itself) but is returned. It
-// returns the loss (a *LostError) when the lease had been lost, and is a
-// no-op returning the same after the first call. Afterwards no goroutine
-// of the lease is left, unless a driver call stuck on a dead connection
-// has not returned within the bound: that is reported in the error.
+// Release gives the lease back (dlock.release) after stopping the
+// renewer and waiting for it. The whole of it takes at most 5 seconds,
+// whatever ctx says: the release statement runs on a context of its own
+// (context.Background with a 5 s timeout), so that a deferred Release
+// with a context already cancelled at shutdown still gives the lease
+// back. ctx is not used to cut it short (it is there for symmetry with
+// the other calls). A failed release need not be handled (the lease
+// expires by itself) but is returned.
+//
+// A lease this client judged lost may still be held in the server (an
+// answer that came late, a pause, a refusal seen in another database):
+// dlock.release frees it only if this owner still holds it, so it is
+// tried then too, unless the server itself said the lease was gone (a
+// renewal, proclaim or release that found it not held). Release then
+// returns the loss (a *LostError). If Release is the one that finds the
+// lease gone, OnLost is called (once). It may be called from OnLost.
+// Later calls return what the first returned. Afterwards no goroutine of
+// the lease is left, except OnLost still running, and driver calls stuck
+// on a dead connection that had not returned within the bound: those are
+// reported in the error.
 func (l *Lease) Release(ctx context.Context) error {
-	l.relOnce.Do(func() { l.relErr = l.release(ctx) })
+	l.relOnce.Do(func() { l.relErr = l.release() })
 	return l.relErr
 }
 
-func (l *Lease) release(ctx context.Context) error {
-	l.stopOnce.Do(func() { close(l.stop) })
-	<-l.done // the renewer never blocks on a call: this is prompt
-
-	ctx, cancel := context.WithTimeout(ctx, releaseBound)
+func (l *Lease) release() error {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseBound)
 	defer cancel()
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.done // the renewer never blocks on a call, nor on OnLost: this is prompt
 
 	l.mu.Lock()
 	err := l.checkLocked()
-	deadline := l.deadline
+	gone := l.lost != nil && (l.lost.Reason == LostRenewal || l.lost.Reason == LostNotHeld)
 	l.mu.Unlock()
-	if err == nil {
-		// past the deadline the lease runs out by itself anyway
-		rctx, rcancel := context.WithDeadline(ctx, deadline)
-		var ok bool
-		ok, err = l.releaseCall(rctx)
-		rcancel()
+	found := false
+	if !gone {
+		ok, rerr := l.releaseCall(ctx)
 		l.mu.Lock()
 		switch {
-		case err != nil && l.lost == nil:
-			err = fmt.Errorf("dlock: could not release the lease on key %q (it expires by itself): %w", l.key, err)
-		case !ok && l.lost == nil:
-			l.loseLocked(LostNotHeld, nil)
-			err = l.lost
 		case l.lost != nil:
-			err = l.lost
+			err = l.lost // lost before or meanwhile: the release was for the server's sake
+		case rerr != nil:
+			err = fmt.Errorf("dlock: could not release the lease on key %q (it expires by itself): %w", l.key, rerr)
+		case !ok:
+			l.loseLocked(LostNotHeld, nil)
+			err, found = l.lost, true
 		}
-		l.released = true
-		l.cancel()
 		l.mu.Unlock()
+	}
+	l.mu.Lock()
+	l.released = true
+	l.cancel()
+	l.mu.Unlock()
+	if found {
+		l.notifyLost()
 	}
 	l.closeConn()
 	if !l.calls.wait(ctx.Done()) {
@@ -524,6 +543,22 @@ func (l *Lease) release(ctx context.Context) error {
 		return fmt.Errorf("%w; %v", err, e)
 	}
 	return err
+}
+
+// notifyLost calls OnLost with the loss, once; a panic in it is logged.
+func (l *Lease) notifyLost() {
+	l.mu.Lock()
+	lost := l.lost
+	l.mu.Unlock()
+	if lost == nil || l.opts.OnLost == nil || !atomic.CompareAndSwapInt32(&l.notified, 0, 1) {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			l.opts.Logf("dlock: OnLost of key %q panicked: %v", l.key, p)
+		}
+	}()
+	l.opts.OnLost(lost)
 }
 
 // closeConn gives the session-bound lease's connection back to the pool

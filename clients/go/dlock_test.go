@@ -1035,3 +1035,117 @@ func TestPermitsAndShared(t *testing.T) {
 	}
 	x.Release(bg)
 }
+
+// Findings of the attack pass (each test fails without its fix).
+
+// OnLost runs after the renewer has ended: a Release called from OnLost
+// returns (it used to deadlock: Release waited for the renewer, which
+// waited for OnLost), a slow OnLost does not hold up a Release from
+// elsewhere, and nothing is left once OnLost has returned.
+func TestReleaseFromOnLost(t *testing.T) {
+	need(t)
+	db := direct(t)
+	if err := db.Ping(); err != nil {
+		t.Fatal(err)
+	}
+	baseline := runtime.NumGoroutine()
+	var l *Lease
+	ready, slow := make(chan struct{}), make(chan struct{})
+	inOnLost := make(chan error, 1)
+	l, err := Acquire(bg, db, "go-onlost-release", Options{TTL: 5 * time.Second, RenewEvery: 200 * time.Millisecond,
+		OnLost: func(error) {
+			<-ready
+			inOnLost <- l.Release(bg)
+			<-slow // a slow handler
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(ready)
+	if _, err := db.Exec(`SELECT dlock.forget('go-onlost-release')`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-inOnLost:
+		if !errors.Is(err, ErrLost) {
+			t.Errorf("Release in OnLost: %v, want the loss", err)
+		}
+	case <-time.After(3 * time.Second):
+		close(slow)
+		t.Fatal("Release called from OnLost did not return within 3 s")
+	}
+	rc := make(chan error, 1)
+	go func() { rc <- l.Release(bg) }()
+	select {
+	case err := <-rc:
+		if !errors.Is(err, ErrLost) {
+			t.Errorf("second Release: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("a slow OnLost holds up Release")
+	}
+	close(slow)
+	noGoroutinesLeft(t, baseline)
+}
+
+// Release with a context cancelled already (a deferred Release at
+// shutdown) still gives the lease back: the release has a bound of its own.
+func TestReleaseCancelledContext(t *testing.T) {
+	need(t)
+	db := direct(t)
+	l, err := Acquire(bg, db, "go-release-ctx", Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release(cancelled ctx): %v", err)
+	}
+	if n := held(t, db, "go-release-ctx"); n != 0 {
+		t.Errorf("%d leases held after Release with a cancelled context", n)
+	}
+}
+
+// A lease the client judged lost (its deadline passed: a late answer, a
+// pause) may still be held in the server: Release still tries
+// dlock.release. And OnLost is called once when Release itself finds the
+// lease gone.
+func TestReleaseAfterLossAndReleaseFindsItGone(t *testing.T) {
+	need(t)
+	db := direct(t)
+	l, err := Acquire(bg, db, "go-release-lost", Options{TTL: 10 * time.Second, RenewEvery: 9 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	l.deadline = time.Now().Add(-time.Millisecond) // as after a pause
+	l.mu.Unlock()
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Fatalf("Err after the deadline: %v", l.Err())
+	}
+	if err := l.Release(bg); !errors.Is(err, ErrLost) {
+		t.Errorf("Release of the lost lease: %v", err)
+	}
+	if n := held(t, db, "go-release-lost"); n != 0 {
+		t.Errorf("%d leases held: Release did not try dlock.release after the client-side loss", n)
+	}
+
+	var calls int32
+	l, err = Acquire(bg, db, "go-release-gone", Options{TTL: 10 * time.Second, RenewEvery: 9 * time.Second,
+		OnLost: func(error) { atomic.AddInt32(&calls, 1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`SELECT dlock.forget('go-release-gone')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(bg); !errors.Is(err, ErrLost) {
+		t.Errorf("Release of a forgotten lease: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if c := atomic.LoadInt32(&calls); c != 1 {
+		t.Errorf("OnLost called %d times when Release found the lease gone, want 1", c)
+	}
+}
+

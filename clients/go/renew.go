@@ -65,8 +65,14 @@ func (l *Lease) retryDelay() time.Duration {
 // change connections: its renewal is given until the deadline, and a
 // failed connection loses it at once.
 func (l *Lease) renewer(next time.Time) {
-	defer close(l.done)
+	l.renew(next)
+	close(l.done)
+	// OnLost runs here, after done is closed: a Release called from it,
+	// or waiting for the renewer elsewhere, does not wait for it.
+	l.notifyLost()
+}
 
+func (l *Lease) renew(next time.Time) {
 	var (
 		inflight  chan renewResult
 		sent      time.Time
@@ -139,19 +145,6 @@ func (l *Lease) renewer(next time.Time) {
 
 	// lost
 	l.closeConn()
-	l.mu.Lock()
-	lost := l.lost
-	l.mu.Unlock()
-	if lost != nil && l.opts.OnLost != nil {
-		func() {
-			defer func() {
-				if p := recover(); p != nil {
-					l.opts.Logf("dlock: OnLost of key %q panicked: %v", l.key, p)
-				}
-			}()
-			l.opts.OnLost(lost)
-		}()
-	}
 }
 
 // renewed acts on a renewal's answer: a new deadline from when it was
