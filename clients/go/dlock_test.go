@@ -1148,4 +1148,3 @@ func TestReleaseAfterLossAndReleaseFindsItGone(t *testing.T) {
 		t.Errorf("OnLost called %d times when Release found the lease gone, want 1", c)
 	}
 }
-
