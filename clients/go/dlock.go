@@ -384,7 +384,7 @@ func (l *Lease) confirm(ctx context.Context) (time.Time, error) {
 	ch := make(chan renewResult, 1)
 	l.goCall(func() {
 		defer ccancel()
-		ch <- l.renewOnce(cctx)
+		ch <- l.renewOnce(cctx, nil)
 	})
 	var r renewResult
 	select {

@@ -1148,3 +1148,31 @@ func TestReleaseAfterLossAndReleaseFindsItGone(t *testing.T) {
 		t.Errorf("OnLost called %d times when Release found the lease gone, want 1", c)
 	}
 }
+
+// A pool at its limit: the renewal waits for a connection, and the loss
+// says so (not "no answer", as no renewal was sent).
+func TestPoolExhaustedLossSaysSo(t *testing.T) {
+	need(t)
+	db := direct(t)
+	db.SetMaxOpenConns(1)
+	lostc := make(chan error, 1)
+	l, err := Acquire(bg, db, "go-pool-full", Options{TTL: 600 * time.Millisecond, RenewEvery: 200 * time.Millisecond,
+		OnLost: func(err error) { lostc <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := db.Conn(bg) // the pool's one connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-lostc:
+		if !strings.Contains(err.Error(), "no connection from the pool") {
+			t.Errorf("loss: %v, want it to say no connection was had from the pool", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Error("not lost while the pool was exhausted")
+	}
+	c.Close()
+	l.Release(bg)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,11 +17,25 @@ type renewResult struct {
 }
 
 // renewOnce sends one renewal and reads its answer (blocking: it runs in a
-// call of its own).
-func (l *Lease) renewOnce(ctx context.Context) renewResult {
+// call of its own). sent, if not nil, is set to 1 once a connection is had
+// (from the pool, or a new one): a renewal abandoned before that was never
+// sent, and the loss must say so (a pool at its limit), not "no answer".
+func (l *Lease) renewOnce(ctx context.Context, sent *int32) renewResult {
 	var e sql.NullTime
 	var rem sql.NullInt64
-	err := l.q().QueryRowContext(ctx, sqlRenew, l.key, l.owner, l.ttlArg).Scan(&e, &rem)
+	q := querier(l.conn)
+	if l.conn == nil {
+		c, err := l.db.Conn(ctx)
+		if err != nil {
+			return renewResult{err: err}
+		}
+		defer c.Close()
+		q = c
+	}
+	if sent != nil {
+		atomic.StoreInt32(sent, 1)
+	}
+	err := q.QueryRowContext(ctx, sqlRenew, l.key, l.owner, l.ttlArg).Scan(&e, &rem)
 	if err != nil {
 		return renewResult{err: err}
 	}
@@ -75,6 +90,7 @@ func (l *Lease) renewer(next time.Time) {
 func (l *Lease) renew(next time.Time) {
 	var (
 		inflight  chan renewResult
+		gotConn   *int32 // the call in flight had a connection
 		sent      time.Time
 		callUntil time.Time
 		ccancel   context.CancelFunc = func() {}
@@ -101,7 +117,9 @@ func (l *Lease) renew(next time.Time) {
 			sent, callUntil = now, now.Add(timeout)
 			ch := make(chan renewResult, 1)
 			inflight = ch
-			l.goCall(func() { ch <- l.renewOnce(cctx) })
+			got := new(int32)
+			gotConn = got
+			l.goCall(func() { ch <- l.renewOnce(cctx, got) })
 		}
 
 		wake := deadline
@@ -136,7 +154,15 @@ func (l *Lease) renew(next time.Time) {
 				ccancel()
 				inflight = nil
 				l.mu.Lock()
-				l.lastErr = fmt.Errorf("no answer to a renewal within %v", callUntil.Sub(sent).Round(time.Millisecond))
+				within := callUntil.Sub(sent).Round(time.Millisecond)
+				if atomic.LoadInt32(gotConn) == 0 {
+					// never sent: the pool had no connection to give (at
+					// SetMaxOpenConns, busy with waiting Acquires and
+					// transactions), or a new one could not be made
+					l.lastErr = fmt.Errorf("no connection from the pool (or a new one) for a renewal within %v", within)
+				} else {
+					l.lastErr = fmt.Errorf("no answer to a renewal within %v", within)
+				}
 				l.mu.Unlock()
 				next = time.Now()
 			}
