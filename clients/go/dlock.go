@@ -31,7 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
-
+	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -56,6 +56,19 @@ const DefaultTTL = 30 * time.Second
 
 // releaseBound is the longest Release waits for the server, as the CLI.
 const releaseBound = 5 * time.Second
+
+// connectAllowance is what an Acquire or Campaign with a bounded Wait
+// gives the driver, on top of Wait + TTL, before it abandons the call (a
+// variable for the tests).
+var connectAllowance = 10 * time.Second
+
+// addSat is a + b for non-negative durations, saturated at the largest.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
 
 // Options are the parameters of a lease. Only TTL matters to most callers.
 type Options struct {
@@ -244,6 +257,15 @@ func (l *Lease) UseFence(ctx context.Context, tx *sql.Tx) error {
 // granted long after the request was sent). If ctx is cancelled while
 // the request runs, the request is cancelled in the server and a lease
 // granted meanwhile is released: nothing is left behind.
+//
+// With a bounded Wait (0 included), Acquire returns at the latest after
+// Wait + TTL + 10 s (the connection allowance) even when ctx has no
+// deadline and the network is silent (lib/pq heeds ctx neither while it
+// connects nor while it reads): the error then satisfies
+// errors.Is(err, context.DeadlineExceeded). The abandoned call's goroutine
+// lingers until the driver returns; a lease it brings back then is
+// released in the background (within 5 s). With Wait Forever, only ctx
+// ends the wait.
 func Acquire(ctx context.Context, db *sql.DB, key string, opts Options) (*Lease, error) {
 	if opts.Mode == "" {
 		opts.Mode = Exclusive
@@ -318,11 +340,22 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 	// pg_stat_activity, wherever it runs (see cancelMarked).
 	marker := "dlock-go:" + randomHex(8)
 	text := "/* " + marker + " */ " + q
-	// An answer later than wait + TTL would bring a lease that has already
-	// run out: stop waiting for it then (the CLI's rule).
+	// The call is waited for Wait + TTL + connectAllowance at most (not
+	// for a Forever wait): lib/pq ignores ctx while it connects and reads,
+	// so a try on a silent network would otherwise never return when ctx
+	// has no deadline. The allowance covers making a connection; the TTL
+	// alone is no driver timeout (a TTL of 1 ms cancelled the call, and
+	// could drop a lease the server had granted). Saturated, not
+	// overflowed, for a Wait near MaxInt64.
 	qctx, qcancel := context.WithCancel(context.Background())
+	var bound time.Duration
+	var timeout <-chan time.Time
 	if opts.Wait >= 0 {
-		qctx, qcancel = context.WithTimeout(context.Background(), opts.Wait+opts.TTL)
+		bound = addSat(addSat(opts.Wait, opts.TTL), connectAllowance)
+		qctx, qcancel = context.WithTimeout(context.Background(), bound)
+		tm := time.NewTimer(bound)
+		defer tm.Stop()
+		timeout = tm.C
 	}
 	ch := make(chan grantResult, 1)
 	fin := make(chan struct{})
@@ -349,6 +382,21 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 		}
 		l.closeConn()
 		return nil, ctx.Err()
+	case <-timeout:
+		// Abandoned: the driver's cancellation is tried (qctx), and the
+		// call's goroutine lingers until the driver returns; a lease it
+		// brings back then is released in the background (within
+		// releaseBound).
+		qcancel()
+		l.goCall(func() {
+			if r := <-ch; r.err == nil && r.ok {
+				l.owner = r.owner
+				l.giveBack()
+			}
+			l.closeConn()
+		})
+		return nil, fmt.Errorf("dlock: %s of key %q: no answer from the server within %v (Wait + TTL + %v to connect): %w",
+			op, key, bound, connectAllowance, context.DeadlineExceeded)
 	}
 	if r.err != nil {
 		l.closeConn()
@@ -387,6 +435,8 @@ func (l *Lease) confirm(ctx context.Context) (time.Time, error) {
 		ch <- l.renewOnce(cctx, nil)
 	})
 	var r renewResult
+	tm := time.NewTimer(l.ttl)
+	defer tm.Stop()
 	select {
 	case r = <-ch:
 	case <-ctx.Done():
@@ -394,6 +444,13 @@ func (l *Lease) confirm(ctx context.Context) (time.Time, error) {
 		l.giveBack()
 		l.closeConn()
 		return time.Time{}, ctx.Err()
+	case <-tm.C:
+		// no answer within the TTL (lib/pq may not heed cctx): the lease
+		// could not be confirmed; give it back in the background
+		ccancel()
+		l.goCall(func() { l.giveBack(); l.closeConn() })
+		return time.Time{}, &LostError{Key: l.key, Reason: LostDeadline, At: time.Now(),
+			Cause: fmt.Errorf("no answer to the confirming renewal within %v", l.ttl)}
 	}
 	switch {
 	case r.err != nil:

@@ -18,6 +18,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1175,4 +1176,61 @@ func TestPoolExhaustedLossSaysSo(t *testing.T) {
 	}
 	c.Close()
 	l.Release(bg)
+}
+
+// A try with a tiny TTL: the driver's timeout is not the TTL (it gave
+// "context deadline exceeded" or 57014 and could drop a granted lease);
+// a Wait near MaxInt64 does not overflow Wait+TTL.
+func TestTinyTTLAndHugeWait(t *testing.T) {
+	need(t)
+	db := direct(t)
+	for i := 0; i < 5; i++ {
+		l, err := Acquire(bg, db, "go-tiny-ttl", Options{TTL: time.Millisecond})
+		if errors.Is(err, context.DeadlineExceeded) || sqlState(err) == "57014" {
+			t.Fatalf("TTL 1ms: %v", err)
+		}
+		if l != nil {
+			l.Release(bg)
+		}
+	}
+	l, err := Acquire(bg, db, "go-huge-wait", Options{TTL: time.Second, Wait: time.Duration(math.MaxInt64)})
+	if err != nil {
+		t.Fatalf("Wait MaxInt64: %v", err)
+	}
+	l.Release(bg)
+}
+
+// A try on a silent network returns, even with a context without a
+// deadline (lib/pq ignores ctx while it connects and reads): at Wait + TTL
+// + the connect allowance; the abandoned call ends when the driver does.
+func TestTryAcquireBlackhole(t *testing.T) {
+	need(t, "DLOCK_TEST_TCP")
+	saved := connectAllowance
+	connectAllowance = time.Second
+	defer func() { connectAllowance = saved }()
+	p := newProxy(t, os.Getenv("DLOCK_TEST_TCP"))
+	db := open(t, fmt.Sprintf("host=127.0.0.1 port=%d dbname=postgres sslmode=disable", p.addr().Port))
+	p.blackhole(true)
+	start := time.Now()
+	errc := make(chan error, 1)
+	go func() {
+		l, err := Acquire(bg, db, "go-try-blackhole", Options{TTL: time.Second})
+		if l != nil {
+			l.Release(bg)
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("try on a silent network: %v", err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("returned after %v, bound 2 s", d)
+		}
+	case <-time.After(6 * time.Second):
+		t.Error("a try on a silent network did not return within 6 s")
+	}
+	p.blackhole(false)
+	p.closeConns()
 }
