@@ -33,9 +33,11 @@ import (
 	"log"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Mode is the kind of lease asked for.
@@ -61,6 +63,17 @@ const releaseBound = 5 * time.Second
 // gives the driver, on top of Wait + TTL, before it abandons the call (a
 // variable for the tests).
 var connectAllowance = 10 * time.Second
+
+// checkText refuses, before sending, what PostgreSQL refuses in a text
+// (22021): a NUL byte, invalid UTF-8.
+func checkText(ss ...string) error {
+	for _, s := range ss {
+		if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+			return fmt.Errorf("%w: %q has a NUL byte or is not valid UTF-8", ErrInvalid, s)
+		}
+	}
+	return nil
+}
 
 // addSat is a + b for non-negative durations, saturated at the largest.
 func addSat(a, b time.Duration) time.Duration {
@@ -317,6 +330,14 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 		return nil, err
 	}
 	opts = l.opts // with the defaults filled in
+	if err := checkText(key, opts.Holder); err != nil {
+		return nil, err
+	}
+	if value != nil {
+		if err := checkText(*value); err != nil {
+			return nil, err
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

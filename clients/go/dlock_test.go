@@ -1234,3 +1234,39 @@ func TestTryAcquireBlackhole(t *testing.T) {
 	p.blackhole(false)
 	p.closeConns()
 }
+
+// Text with NUL or invalid UTF-8 is ErrInvalid (client-side, and 22021
+// from the server); ErrBusy does not claim someone holds the key (memory
+// mode pauses grants after a restart).
+func TestInvalidTextAndBusyMessage(t *testing.T) {
+	need(t)
+	db := direct(t)
+	for _, k := range []string{"a\x00b", "a\xffb"} {
+		if _, err := Acquire(bg, db, k, Options{}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("key %q: %v, want ErrInvalid", k, err)
+		}
+	}
+	if _, err := Acquire(bg, db, "go-holder-nul", Options{Holder: "x\x00"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("holder with NUL: %v, want ErrInvalid", err)
+	}
+	if !errors.Is(&Error{Op: "acquire", SQLState: "22021", Err: errors.New("x")}, ErrInvalid) {
+		t.Error("22021 is not ErrInvalid")
+	}
+	if !strings.Contains(ErrBusy.Error(), "memory mode") {
+		t.Errorf("ErrBusy says %q", ErrBusy)
+	}
+}
+
+// The remaining time from the server is rounded down, so the client's
+// deadline is never after the server's expiry.
+func TestRemainingRoundsDown(t *testing.T) {
+	need(t)
+	db := direct(t)
+	var ms int64
+	if err := db.QueryRow(`SELECT ` + remainingMS("(pg_catalog.clock_timestamp() + interval '999 microseconds')")).Scan(&ms); err != nil {
+		t.Fatal(err)
+	}
+	if ms != 0 {
+		t.Errorf("999 µs left reads as %d ms, want 0", ms)
+	}
+}

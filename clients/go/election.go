@@ -36,6 +36,9 @@ func (l *Lease) Proclaim(ctx context.Context, value string) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
+	if err := checkText(value); err != nil {
+		return err
+	}
 	var ok bool
 	if err := l.q().QueryRowContext(ctx, sqlProclaim, l.key, l.owner, value).Scan(&ok); err != nil {
 		return wrap("proclaim", err)
