@@ -251,11 +251,38 @@ func (l *Lease) lose(why LostReason, cause error) {
 // lease is live. Once the lease is known lost it returns the loss without
 // touching the database; a refusal by the server (LF001) comes back as an
 // *Error that satisfies errors.Is(err, ErrLost), and marks the lease lost.
+//
+// It returns at the loss at the latest (the lease's deadline), even when
+// the statement hangs on a silent network: tx is then unusable (the
+// statement may still be running in the driver; roll it back, which
+// database/sql makes wait until the driver returns, so do it in a
+// goroutine of your own if the network may be gone).
 func (l *Lease) UseFence(ctx context.Context, tx *sql.Tx) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, sqlUseFence, l.key, l.fence)
+	// The statement runs in a goroutine of its own so that UseFence
+	// returns at the loss (the deadline's timer) even when it hangs on a
+	// silent network (lib/pq heeds ctx neither while connecting nor while
+	// reading); its context is cancelled then (the driver's
+	// cancellation). The goroutine ends when the driver returns.
+	fctx, fcancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	l.goCall(func() {
+		defer fcancel()
+		_, err := tx.ExecContext(fctx, sqlUseFence, l.key, l.fence)
+		ch <- err
+	})
+	var err error
+	select {
+	case err = <-ch:
+	case <-l.ctx.Done(): // lost or released
+		fcancel()
+		if err := l.Err(); err != nil {
+			return err
+		}
+		err = <-ch // not reached: l.ctx is only cancelled with Err set
+	}
 	err = wrap("use_fence", err)
 	if errors.Is(err, ErrLost) {
 		l.lose(LostFenced, err)

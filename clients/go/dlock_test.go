@@ -1270,3 +1270,40 @@ func TestRemainingRoundsDown(t *testing.T) {
 		t.Errorf("999 µs left reads as %d ms, want 0", ms)
 	}
 }
+
+// Proclaim and UseFence already in flight when the network goes silent
+// return at the loss (the caller's transaction is then unusable).
+func TestInFlightCallsReturnAtLoss(t *testing.T) {
+	need(t, "DLOCK_TEST_TCP")
+	p := newProxy(t, os.Getenv("DLOCK_TEST_TCP"))
+	db := open(t, fmt.Sprintf("host=127.0.0.1 port=%d dbname=postgres sslmode=disable", p.addr().Port))
+	l, err := Campaign(bg, db, "go-inflight", "v", Options{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.blackhole(true)
+	start := time.Now()
+	pc, fc := make(chan error, 1), make(chan error, 1)
+	go func() { pc <- l.Proclaim(bg, "w") }()
+	go func() { fc <- l.UseFence(bg, tx) }()
+	for what, c := range map[string]chan error{"Proclaim": pc, "UseFence": fc} {
+		select {
+		case err := <-c:
+			if !errors.Is(err, ErrLost) {
+				t.Errorf("%s: %v, want the loss", what, err)
+			}
+			if d := time.Since(start); d > 1500*time.Millisecond {
+				t.Errorf("%s returned %v after the network went silent (TTL 1 s)", what, d)
+			}
+		case <-time.After(4 * time.Second):
+			t.Errorf("%s in flight did not return at the loss", what)
+		}
+	}
+	p.blackhole(false)
+	p.closeConns()
+	l.Release(bg)
+}
