@@ -32,7 +32,13 @@
 # Honesty: with the deadline timer of clients/go/renew.go disabled the
 # blackhole test fails; with the NULL check of renewed() removed,
 # TestNullRenewalLosesAtOnce fails; without the LF001 entry of
-# clients/go/errors.go, TestUseFenceRefusedIsLost fails.
+# clients/go/errors.go, TestUseFenceRefusedIsLost fails.  The tests of
+# the attack pass's findings (TestReleaseFromOnLost,
+# TestReleaseCancelledContext, TestReleaseAfterLossAndReleaseFindsItGone,
+# TestPoolExhaustedLossSaysSo, TestTryAcquireBlackhole,
+# TestTinyTTLAndHugeWait, TestInvalidTextAndBusyMessage,
+# TestRemainingRoundsDown, TestInFlightCallsReturnAtLoss) each failed
+# before its fix.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;

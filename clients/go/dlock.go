@@ -31,9 +31,13 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Mode is the kind of lease asked for.
@@ -54,6 +58,30 @@ const DefaultTTL = 30 * time.Second
 
 // releaseBound is the longest Release waits for the server, as the CLI.
 const releaseBound = 5 * time.Second
+
+// connectAllowance is what an Acquire or Campaign with a bounded Wait
+// gives the driver, on top of Wait + TTL, before it abandons the call (a
+// variable for the tests).
+var connectAllowance = 10 * time.Second
+
+// checkText refuses, before sending, what PostgreSQL refuses in a text
+// (22021): a NUL byte, invalid UTF-8.
+func checkText(ss ...string) error {
+	for _, s := range ss {
+		if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+			return fmt.Errorf("%w: %q has a NUL byte or is not valid UTF-8", ErrInvalid, s)
+		}
+	}
+	return nil
+}
+
+// addSat is a + b for non-negative durations, saturated at the largest.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
 
 // Options are the parameters of a lease. Only TTL matters to most callers.
 type Options struct {
@@ -82,9 +110,11 @@ type Options struct {
 	Mode Mode
 	// RenewEvery is how often the lease is renewed. Default TTL/3.
 	RenewEvery time.Duration
-	// OnLost, if set, is called once, from the renewing goroutine, when
-	// the lease is lost (not when it is released), with the reason (a
-	// *LostError). A panic in it is logged, not propagated.
+	// OnLost, if set, is called once when the lease is lost (not when it
+	// is released), with the reason (a *LostError): in a goroutine of the
+	// lease's own, after the renewer has ended, so it may call Release
+	// (and Release never waits for it). Also when Release itself finds
+	// the lease gone. A panic in it is logged, not propagated.
 	OnLost func(err error)
 	// Logf logs what the library cannot return: a panic in OnLost.
 	// Default log.Printf.
@@ -125,6 +155,7 @@ type Lease struct {
 	relOnce   sync.Once
 	relErr    error
 	closeOnce sync.Once
+	notified  int32 // OnLost called (atomic: Release may call it from OnLost)
 }
 
 // querier is what a lease's calls go through: the pool (*sql.DB) or the
@@ -220,11 +251,38 @@ func (l *Lease) lose(why LostReason, cause error) {
 // lease is live. Once the lease is known lost it returns the loss without
 // touching the database; a refusal by the server (LF001) comes back as an
 // *Error that satisfies errors.Is(err, ErrLost), and marks the lease lost.
+//
+// It returns at the loss at the latest (the lease's deadline), even when
+// the statement hangs on a silent network: tx is then unusable (the
+// statement may still be running in the driver; roll it back, which
+// database/sql makes wait until the driver returns, so do it in a
+// goroutine of your own if the network may be gone).
 func (l *Lease) UseFence(ctx context.Context, tx *sql.Tx) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, sqlUseFence, l.key, l.fence)
+	// The statement runs in a goroutine of its own so that UseFence
+	// returns at the loss (the deadline's timer) even when it hangs on a
+	// silent network (lib/pq heeds ctx neither while connecting nor while
+	// reading); its context is cancelled then (the driver's
+	// cancellation). The goroutine ends when the driver returns.
+	fctx, fcancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	l.goCall(func() {
+		defer fcancel()
+		_, err := tx.ExecContext(fctx, sqlUseFence, l.key, l.fence)
+		ch <- err
+	})
+	var err error
+	select {
+	case err = <-ch:
+	case <-l.ctx.Done(): // lost or released
+		fcancel()
+		if err := l.Err(); err != nil {
+			return err
+		}
+		err = <-ch // not reached: l.ctx is only cancelled with Err set
+	}
 	err = wrap("use_fence", err)
 	if errors.Is(err, ErrLost) {
 		l.lose(LostFenced, err)
@@ -239,6 +297,15 @@ func (l *Lease) UseFence(ctx context.Context, tx *sql.Tx) error {
 // granted long after the request was sent). If ctx is cancelled while
 // the request runs, the request is cancelled in the server and a lease
 // granted meanwhile is released: nothing is left behind.
+//
+// With a bounded Wait (0 included), Acquire returns at the latest after
+// Wait + TTL + 10 s (the connection allowance) even when ctx has no
+// deadline and the network is silent (lib/pq heeds ctx neither while it
+// connects nor while it reads): the error then satisfies
+// errors.Is(err, context.DeadlineExceeded). The abandoned call's goroutine
+// lingers until the driver returns; a lease it brings back then is
+// released in the background (within 5 s). With Wait Forever, only ctx
+// ends the wait.
 func Acquire(ctx context.Context, db *sql.DB, key string, opts Options) (*Lease, error) {
 	if opts.Mode == "" {
 		opts.Mode = Exclusive
@@ -290,6 +357,14 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 		return nil, err
 	}
 	opts = l.opts // with the defaults filled in
+	if err := checkText(key, opts.Holder); err != nil {
+		return nil, err
+	}
+	if value != nil {
+		if err := checkText(*value); err != nil {
+			return nil, err
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -313,11 +388,22 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 	// pg_stat_activity, wherever it runs (see cancelMarked).
 	marker := "dlock-go:" + randomHex(8)
 	text := "/* " + marker + " */ " + q
-	// An answer later than wait + TTL would bring a lease that has already
-	// run out: stop waiting for it then (the CLI's rule).
+	// The call is waited for Wait + TTL + connectAllowance at most (not
+	// for a Forever wait): lib/pq ignores ctx while it connects and reads,
+	// so a try on a silent network would otherwise never return when ctx
+	// has no deadline. The allowance covers making a connection; the TTL
+	// alone is no driver timeout (a TTL of 1 ms cancelled the call, and
+	// could drop a lease the server had granted). Saturated, not
+	// overflowed, for a Wait near MaxInt64.
 	qctx, qcancel := context.WithCancel(context.Background())
+	var bound time.Duration
+	var timeout <-chan time.Time
 	if opts.Wait >= 0 {
-		qctx, qcancel = context.WithTimeout(context.Background(), opts.Wait+opts.TTL)
+		bound = addSat(addSat(opts.Wait, opts.TTL), connectAllowance)
+		qctx, qcancel = context.WithTimeout(context.Background(), bound)
+		tm := time.NewTimer(bound)
+		defer tm.Stop()
+		timeout = tm.C
 	}
 	ch := make(chan grantResult, 1)
 	fin := make(chan struct{})
@@ -344,6 +430,21 @@ func grant(ctx context.Context, db *sql.DB, key string, opts Options, op, q stri
 		}
 		l.closeConn()
 		return nil, ctx.Err()
+	case <-timeout:
+		// Abandoned: the driver's cancellation is tried (qctx), and the
+		// call's goroutine lingers until the driver returns; a lease it
+		// brings back then is released in the background (within
+		// releaseBound).
+		qcancel()
+		l.goCall(func() {
+			if r := <-ch; r.err == nil && r.ok {
+				l.owner = r.owner
+				l.giveBack()
+			}
+			l.closeConn()
+		})
+		return nil, fmt.Errorf("dlock: %s of key %q: no answer from the server within %v (Wait + TTL + %v to connect): %w",
+			op, key, bound, connectAllowance, context.DeadlineExceeded)
 	}
 	if r.err != nil {
 		l.closeConn()
@@ -379,9 +480,11 @@ func (l *Lease) confirm(ctx context.Context) (time.Time, error) {
 	ch := make(chan renewResult, 1)
 	l.goCall(func() {
 		defer ccancel()
-		ch <- l.renewOnce(cctx)
+		ch <- l.renewOnce(cctx, nil)
 	})
 	var r renewResult
+	tm := time.NewTimer(l.ttl)
+	defer tm.Stop()
 	select {
 	case r = <-ch:
 	case <-ctx.Done():
@@ -389,6 +492,13 @@ func (l *Lease) confirm(ctx context.Context) (time.Time, error) {
 		l.giveBack()
 		l.closeConn()
 		return time.Time{}, ctx.Err()
+	case <-tm.C:
+		// no answer within the TTL (lib/pq may not heed cctx): the lease
+		// could not be confirmed; give it back in the background
+		ccancel()
+		l.goCall(func() { l.giveBack(); l.closeConn() })
+		return time.Time{}, &LostError{Key: l.key, Reason: LostDeadline, At: time.Now(),
+			Cause: fmt.Errorf("no answer to the confirming renewal within %v", l.ttl)}
 	}
 	switch {
 	case r.err != nil:
@@ -472,48 +582,62 @@ func (l *Lease) releaseCall(ctx context.Context) (bool, error) {
 	}
 }
 
-// Release gives the lease back (dlock.release), within ctx and at most 5
-// seconds, after stopping the renewer and waiting for it. A failed release
-// need not be handled (the lease expires by itself) but is returned. It
-// returns the loss (a *LostError) when the lease had been lost, and is a
-// no-op returning the same after the first call. Afterwards no goroutine
-// of the lease is left, unless a driver call stuck on a dead connection
-// has not returned within the bound: that is reported in the error.
+// Release gives the lease back (dlock.release) after stopping the
+// renewer and waiting for it. The whole of it takes at most 5 seconds,
+// whatever ctx says: the release statement runs on a context of its own
+// (context.Background with a 5 s timeout), so that a deferred Release
+// with a context already cancelled at shutdown still gives the lease
+// back. ctx is not used to cut it short (it is there for symmetry with
+// the other calls). A failed release need not be handled (the lease
+// expires by itself) but is returned.
+//
+// A lease this client judged lost may still be held in the server (an
+// answer that came late, a pause, a refusal seen in another database):
+// dlock.release frees it only if this owner still holds it, so it is
+// tried then too, unless the server itself said the lease was gone (a
+// renewal, proclaim or release that found it not held). Release then
+// returns the loss (a *LostError). If Release is the one that finds the
+// lease gone, OnLost is called (once). It may be called from OnLost.
+// Later calls return what the first returned. Afterwards no goroutine of
+// the lease is left, except OnLost still running, and driver calls stuck
+// on a dead connection that had not returned within the bound: those are
+// reported in the error.
 func (l *Lease) Release(ctx context.Context) error {
-	l.relOnce.Do(func() { l.relErr = l.release(ctx) })
+	l.relOnce.Do(func() { l.relErr = l.release() })
 	return l.relErr
 }
 
-func (l *Lease) release(ctx context.Context) error {
-	l.stopOnce.Do(func() { close(l.stop) })
-	<-l.done // the renewer never blocks on a call: this is prompt
-
-	ctx, cancel := context.WithTimeout(ctx, releaseBound)
+func (l *Lease) release() error {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseBound)
 	defer cancel()
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.done // the renewer never blocks on a call, nor on OnLost: this is prompt
 
 	l.mu.Lock()
 	err := l.checkLocked()
-	deadline := l.deadline
+	gone := l.lost != nil && (l.lost.Reason == LostRenewal || l.lost.Reason == LostNotHeld)
 	l.mu.Unlock()
-	if err == nil {
-		// past the deadline the lease runs out by itself anyway
-		rctx, rcancel := context.WithDeadline(ctx, deadline)
-		var ok bool
-		ok, err = l.releaseCall(rctx)
-		rcancel()
+	found := false
+	if !gone {
+		ok, rerr := l.releaseCall(ctx)
 		l.mu.Lock()
 		switch {
-		case err != nil && l.lost == nil:
-			err = fmt.Errorf("dlock: could not release the lease on key %q (it expires by itself): %w", l.key, err)
-		case !ok && l.lost == nil:
-			l.loseLocked(LostNotHeld, nil)
-			err = l.lost
 		case l.lost != nil:
-			err = l.lost
+			err = l.lost // lost before or meanwhile: the release was for the server's sake
+		case rerr != nil:
+			err = fmt.Errorf("dlock: could not release the lease on key %q (it expires by itself): %w", l.key, rerr)
+		case !ok:
+			l.loseLocked(LostNotHeld, nil)
+			err, found = l.lost, true
 		}
-		l.released = true
-		l.cancel()
 		l.mu.Unlock()
+	}
+	l.mu.Lock()
+	l.released = true
+	l.cancel()
+	l.mu.Unlock()
+	if found {
+		l.notifyLost()
 	}
 	l.closeConn()
 	if !l.calls.wait(ctx.Done()) {
@@ -524,6 +648,22 @@ func (l *Lease) release(ctx context.Context) error {
 		return fmt.Errorf("%w; %v", err, e)
 	}
 	return err
+}
+
+// notifyLost calls OnLost with the loss, once; a panic in it is logged.
+func (l *Lease) notifyLost() {
+	l.mu.Lock()
+	lost := l.lost
+	l.mu.Unlock()
+	if lost == nil || l.opts.OnLost == nil || !atomic.CompareAndSwapInt32(&l.notified, 0, 1) {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			l.opts.Logf("dlock: OnLost of key %q panicked: %v", l.key, p)
+		}
+	}()
+	l.opts.OnLost(lost)
 }
 
 // closeConn gives the session-bound lease's connection back to the pool

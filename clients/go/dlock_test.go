@@ -18,6 +18,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1034,4 +1035,275 @@ func TestPermitsAndShared(t *testing.T) {
 		t.Errorf("an ended shared lease's raw write: %v", err)
 	}
 	x.Release(bg)
+}
+
+// Findings of the attack pass (each test fails without its fix).
+
+// OnLost runs after the renewer has ended: a Release called from OnLost
+// returns (it used to deadlock: Release waited for the renewer, which
+// waited for OnLost), a slow OnLost does not hold up a Release from
+// elsewhere, and nothing is left once OnLost has returned.
+func TestReleaseFromOnLost(t *testing.T) {
+	need(t)
+	db := direct(t)
+	if err := db.Ping(); err != nil {
+		t.Fatal(err)
+	}
+	baseline := runtime.NumGoroutine()
+	var l *Lease
+	ready, slow := make(chan struct{}), make(chan struct{})
+	inOnLost := make(chan error, 1)
+	l, err := Acquire(bg, db, "go-onlost-release", Options{TTL: 5 * time.Second, RenewEvery: 200 * time.Millisecond,
+		OnLost: func(error) {
+			<-ready
+			inOnLost <- l.Release(bg)
+			<-slow // a slow handler
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(ready)
+	if _, err := db.Exec(`SELECT dlock.forget('go-onlost-release')`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-inOnLost:
+		if !errors.Is(err, ErrLost) {
+			t.Errorf("Release in OnLost: %v, want the loss", err)
+		}
+	case <-time.After(3 * time.Second):
+		close(slow)
+		t.Fatal("Release called from OnLost did not return within 3 s")
+	}
+	rc := make(chan error, 1)
+	go func() { rc <- l.Release(bg) }()
+	select {
+	case err := <-rc:
+		if !errors.Is(err, ErrLost) {
+			t.Errorf("second Release: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("a slow OnLost holds up Release")
+	}
+	close(slow)
+	noGoroutinesLeft(t, baseline)
+}
+
+// Release with a context cancelled already (a deferred Release at
+// shutdown) still gives the lease back: the release has a bound of its own.
+func TestReleaseCancelledContext(t *testing.T) {
+	need(t)
+	db := direct(t)
+	l, err := Acquire(bg, db, "go-release-ctx", Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release(cancelled ctx): %v", err)
+	}
+	if n := held(t, db, "go-release-ctx"); n != 0 {
+		t.Errorf("%d leases held after Release with a cancelled context", n)
+	}
+}
+
+// A lease the client judged lost (its deadline passed: a late answer, a
+// pause) may still be held in the server: Release still tries
+// dlock.release. And OnLost is called once when Release itself finds the
+// lease gone.
+func TestReleaseAfterLossAndReleaseFindsItGone(t *testing.T) {
+	need(t)
+	db := direct(t)
+	l, err := Acquire(bg, db, "go-release-lost", Options{TTL: 10 * time.Second, RenewEvery: 9 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	l.deadline = time.Now().Add(-time.Millisecond) // as after a pause
+	l.mu.Unlock()
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Fatalf("Err after the deadline: %v", l.Err())
+	}
+	if err := l.Release(bg); !errors.Is(err, ErrLost) {
+		t.Errorf("Release of the lost lease: %v", err)
+	}
+	if n := held(t, db, "go-release-lost"); n != 0 {
+		t.Errorf("%d leases held: Release did not try dlock.release after the client-side loss", n)
+	}
+
+	var calls int32
+	l, err = Acquire(bg, db, "go-release-gone", Options{TTL: 10 * time.Second, RenewEvery: 9 * time.Second,
+		OnLost: func(error) { atomic.AddInt32(&calls, 1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`SELECT dlock.forget('go-release-gone')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(bg); !errors.Is(err, ErrLost) {
+		t.Errorf("Release of a forgotten lease: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if c := atomic.LoadInt32(&calls); c != 1 {
+		t.Errorf("OnLost called %d times when Release found the lease gone, want 1", c)
+	}
+}
+
+// A pool at its limit: the renewal waits for a connection, and the loss
+// says so (not "no answer", as no renewal was sent).
+func TestPoolExhaustedLossSaysSo(t *testing.T) {
+	need(t)
+	db := direct(t)
+	db.SetMaxOpenConns(1)
+	lostc := make(chan error, 1)
+	l, err := Acquire(bg, db, "go-pool-full", Options{TTL: 600 * time.Millisecond, RenewEvery: 200 * time.Millisecond,
+		OnLost: func(err error) { lostc <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := db.Conn(bg) // the pool's one connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-lostc:
+		if !strings.Contains(err.Error(), "no connection from the pool") {
+			t.Errorf("loss: %v, want it to say no connection was had from the pool", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Error("not lost while the pool was exhausted")
+	}
+	c.Close()
+	l.Release(bg)
+}
+
+// A try with a tiny TTL: the driver's timeout is not the TTL (it gave
+// "context deadline exceeded" or 57014 and could drop a granted lease);
+// a Wait near MaxInt64 does not overflow Wait+TTL.
+func TestTinyTTLAndHugeWait(t *testing.T) {
+	need(t)
+	db := direct(t)
+	for i := 0; i < 5; i++ {
+		l, err := Acquire(bg, db, "go-tiny-ttl", Options{TTL: time.Millisecond})
+		if errors.Is(err, context.DeadlineExceeded) || sqlState(err) == "57014" {
+			t.Fatalf("TTL 1ms: %v", err)
+		}
+		if l != nil {
+			l.Release(bg)
+		}
+	}
+	l, err := Acquire(bg, db, "go-huge-wait", Options{TTL: time.Second, Wait: time.Duration(math.MaxInt64)})
+	if err != nil {
+		t.Fatalf("Wait MaxInt64: %v", err)
+	}
+	l.Release(bg)
+}
+
+// A try on a silent network returns, even with a context without a
+// deadline (lib/pq ignores ctx while it connects and reads): at Wait + TTL
+// + the connect allowance; the abandoned call ends when the driver does.
+func TestTryAcquireBlackhole(t *testing.T) {
+	need(t, "DLOCK_TEST_TCP")
+	saved := connectAllowance
+	connectAllowance = time.Second
+	defer func() { connectAllowance = saved }()
+	p := newProxy(t, os.Getenv("DLOCK_TEST_TCP"))
+	db := open(t, fmt.Sprintf("host=127.0.0.1 port=%d dbname=postgres sslmode=disable", p.addr().Port))
+	p.blackhole(true)
+	start := time.Now()
+	errc := make(chan error, 1)
+	go func() {
+		l, err := Acquire(bg, db, "go-try-blackhole", Options{TTL: time.Second})
+		if l != nil {
+			l.Release(bg)
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("try on a silent network: %v", err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("returned after %v, bound 2 s", d)
+		}
+	case <-time.After(6 * time.Second):
+		t.Error("a try on a silent network did not return within 6 s")
+	}
+	p.blackhole(false)
+	p.closeConns()
+}
+
+// Text with NUL or invalid UTF-8 is ErrInvalid (client-side, and 22021
+// from the server); ErrBusy does not claim someone holds the key (memory
+// mode pauses grants after a restart).
+func TestInvalidTextAndBusyMessage(t *testing.T) {
+	need(t)
+	db := direct(t)
+	for _, k := range []string{"a\x00b", "a\xffb"} {
+		if _, err := Acquire(bg, db, k, Options{}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("key %q: %v, want ErrInvalid", k, err)
+		}
+	}
+	if _, err := Acquire(bg, db, "go-holder-nul", Options{Holder: "x\x00"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("holder with NUL: %v, want ErrInvalid", err)
+	}
+	if !errors.Is(&Error{Op: "acquire", SQLState: "22021", Err: errors.New("x")}, ErrInvalid) {
+		t.Error("22021 is not ErrInvalid")
+	}
+	if !strings.Contains(ErrBusy.Error(), "memory mode") {
+		t.Errorf("ErrBusy says %q", ErrBusy)
+	}
+}
+
+// The remaining time from the server is rounded down, so the client's
+// deadline is never after the server's expiry.
+func TestRemainingRoundsDown(t *testing.T) {
+	need(t)
+	db := direct(t)
+	var ms int64
+	if err := db.QueryRow(`SELECT ` + remainingMS("(pg_catalog.clock_timestamp() + interval '999 microseconds')")).Scan(&ms); err != nil {
+		t.Fatal(err)
+	}
+	if ms != 0 {
+		t.Errorf("999 µs left reads as %d ms, want 0", ms)
+	}
+}
+
+// Proclaim and UseFence already in flight when the network goes silent
+// return at the loss (the caller's transaction is then unusable).
+func TestInFlightCallsReturnAtLoss(t *testing.T) {
+	need(t, "DLOCK_TEST_TCP")
+	p := newProxy(t, os.Getenv("DLOCK_TEST_TCP"))
+	db := open(t, fmt.Sprintf("host=127.0.0.1 port=%d dbname=postgres sslmode=disable", p.addr().Port))
+	l, err := Campaign(bg, db, "go-inflight", "v", Options{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.blackhole(true)
+	start := time.Now()
+	pc, fc := make(chan error, 1), make(chan error, 1)
+	go func() { pc <- l.Proclaim(bg, "w") }()
+	go func() { fc <- l.UseFence(bg, tx) }()
+	for what, c := range map[string]chan error{"Proclaim": pc, "UseFence": fc} {
+		select {
+		case err := <-c:
+			if !errors.Is(err, ErrLost) {
+				t.Errorf("%s: %v, want the loss", what, err)
+			}
+			if d := time.Since(start); d > 1500*time.Millisecond {
+				t.Errorf("%s returned %v after the network went silent (TTL 1 s)", what, d)
+			}
+		case <-time.After(4 * time.Second):
+			t.Errorf("%s in flight did not return at the loss", what)
+		}
+	}
+	p.blackhole(false)
+	p.closeConns()
+	l.Release(bg)
 }

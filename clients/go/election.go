@@ -31,14 +31,42 @@ func (l *Lease) Value() string {
 // Proclaim publishes a new value for the current term (dlock.proclaim),
 // keeping the lease, its epoch and its expiry. It returns the loss without
 // touching the database once the lease is lost, and marks it lost when the
-// server says it does not lead any more.
+// server says it does not lead any more. It returns at the loss at the
+// latest (the lease's deadline), even when the call hangs on a silent
+// network; ctx can end it sooner.
 func (l *Lease) Proclaim(ctx context.Context, value string) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
+	if err := checkText(value); err != nil {
+		return err
+	}
+	// The statement runs in a call of its own, and Proclaim returns at the
+	// loss (the deadline's timer) if it has not answered by then: on a
+	// silent network lib/pq heeds ctx neither while connecting nor while
+	// reading. The call, abandoned, ends when the driver returns.
+	type res struct {
+		ok  bool
+		err error
+	}
+	pctx, pcancel := context.WithCancel(ctx)
+	ch := make(chan res, 1)
+	l.goCall(func() {
+		defer pcancel()
+		var ok bool
+		err := l.q().QueryRowContext(pctx, sqlProclaim, l.key, l.owner, value).Scan(&ok)
+		ch <- res{ok, err}
+	})
 	var ok bool
-	if err := l.q().QueryRowContext(ctx, sqlProclaim, l.key, l.owner, value).Scan(&ok); err != nil {
-		return wrap("proclaim", err)
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return wrap("proclaim", r.err)
+		}
+		ok = r.ok
+	case <-l.ctx.Done(): // lost or released
+		pcancel()
+		return l.Err()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -10,9 +10,11 @@ import (
 // server come as *Error (its SQLSTATE and the driver's error, unwrapped by
 // errors.As); a lost lease as *LostError.
 var (
-	// ErrBusy: the key is held by someone else (a try that got no row), or
-	// a wait ran out (SQLSTATE 55P03).
-	ErrBusy = errors.New("dlock: the key is held by someone else")
+	// ErrBusy: not granted: the key is held (a try that got no row), or a
+	// wait ran out (SQLSTATE 55P03); in memory mode also while grants are
+	// paused after a server restart (until its horizon), with nobody
+	// holding the key.
+	ErrBusy = errors.New("dlock: not granted: the key is held, or (memory mode) grants are paused after a restart")
 	// ErrLost: the lease is lost (a renewal returned NULL, none was
 	// confirmed before the deadline, its session-bound connection failed),
 	// or the server refused a write under its token (SQLSTATE LF001).
@@ -22,7 +24,8 @@ var (
 	// ErrNoLeader: nobody leads the election (Leader).
 	ErrNoLeader = errors.New("dlock: nobody leads the election")
 	// ErrInvalid: an argument the server or this package refuses
-	// (SQLSTATE 22023, 22004).
+	// (SQLSTATE 22023, 22004; 22021: a NUL or invalid UTF-8 in a text,
+	// which this package refuses before sending).
 	ErrInvalid = errors.New("dlock: invalid argument")
 	// ErrReadOnly: a grant, renewal or release on a standby or in a
 	// read-only transaction (SQLSTATE 25006), e.g. after a failover.
@@ -47,6 +50,7 @@ var sentinels = map[string]error{
 	"LF001": ErrLost,
 	"22023": ErrInvalid,
 	"22004": ErrInvalid,
+	"22021": ErrInvalid, // character_not_in_repertoire: NUL, invalid UTF-8
 	"25006": ErrReadOnly,
 	"42501": ErrPermission,
 	"53200": ErrNoRoom,

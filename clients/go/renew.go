@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,11 +17,25 @@ type renewResult struct {
 }
 
 // renewOnce sends one renewal and reads its answer (blocking: it runs in a
-// call of its own).
-func (l *Lease) renewOnce(ctx context.Context) renewResult {
+// call of its own). sent, if not nil, is set to 1 once a connection is had
+// (from the pool, or a new one): a renewal abandoned before that was never
+// sent, and the loss must say so (a pool at its limit), not "no answer".
+func (l *Lease) renewOnce(ctx context.Context, sent *int32) renewResult {
 	var e sql.NullTime
 	var rem sql.NullInt64
-	err := l.q().QueryRowContext(ctx, sqlRenew, l.key, l.owner, l.ttlArg).Scan(&e, &rem)
+	q := querier(l.conn)
+	if l.conn == nil {
+		c, err := l.db.Conn(ctx)
+		if err != nil {
+			return renewResult{err: err}
+		}
+		defer c.Close()
+		q = c
+	}
+	if sent != nil {
+		atomic.StoreInt32(sent, 1)
+	}
+	err := q.QueryRowContext(ctx, sqlRenew, l.key, l.owner, l.ttlArg).Scan(&e, &rem)
 	if err != nil {
 		return renewResult{err: err}
 	}
@@ -65,10 +80,17 @@ func (l *Lease) retryDelay() time.Duration {
 // change connections: its renewal is given until the deadline, and a
 // failed connection loses it at once.
 func (l *Lease) renewer(next time.Time) {
-	defer close(l.done)
+	l.renew(next)
+	close(l.done)
+	// OnLost runs here, after done is closed: a Release called from it,
+	// or waiting for the renewer elsewhere, does not wait for it.
+	l.notifyLost()
+}
 
+func (l *Lease) renew(next time.Time) {
 	var (
 		inflight  chan renewResult
+		gotConn   *int32 // the call in flight had a connection
 		sent      time.Time
 		callUntil time.Time
 		ccancel   context.CancelFunc = func() {}
@@ -95,7 +117,9 @@ func (l *Lease) renewer(next time.Time) {
 			sent, callUntil = now, now.Add(timeout)
 			ch := make(chan renewResult, 1)
 			inflight = ch
-			l.goCall(func() { ch <- l.renewOnce(cctx) })
+			got := new(int32)
+			gotConn = got
+			l.goCall(func() { ch <- l.renewOnce(cctx, got) })
 		}
 
 		wake := deadline
@@ -130,7 +154,15 @@ func (l *Lease) renewer(next time.Time) {
 				ccancel()
 				inflight = nil
 				l.mu.Lock()
-				l.lastErr = fmt.Errorf("no answer to a renewal within %v", callUntil.Sub(sent).Round(time.Millisecond))
+				within := callUntil.Sub(sent).Round(time.Millisecond)
+				if atomic.LoadInt32(gotConn) == 0 {
+					// never sent: the pool had no connection to give (at
+					// SetMaxOpenConns, busy with waiting Acquires and
+					// transactions), or a new one could not be made
+					l.lastErr = fmt.Errorf("no connection from the pool (or a new one) for a renewal within %v", within)
+				} else {
+					l.lastErr = fmt.Errorf("no answer to a renewal within %v", within)
+				}
 				l.mu.Unlock()
 				next = time.Now()
 			}
@@ -139,19 +171,6 @@ func (l *Lease) renewer(next time.Time) {
 
 	// lost
 	l.closeConn()
-	l.mu.Lock()
-	lost := l.lost
-	l.mu.Unlock()
-	if lost != nil && l.opts.OnLost != nil {
-		func() {
-			defer func() {
-				if p := recover(); p != nil {
-					l.opts.Logf("dlock: OnLost of key %q panicked: %v", l.key, p)
-				}
-			}()
-			l.opts.OnLost(lost)
-		}()
-	}
 }
 
 // renewed acts on a renewal's answer: a new deadline from when it was

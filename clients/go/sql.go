@@ -8,9 +8,11 @@ package dlock
 // remainingMS is the lease's expiry minus the server's clock, read in the
 // same statement as the grant or renewal: a duration measured by the
 // server alone, never compared with our clock. It is shorter than the TTL
-// asked for when dlock.max_hold cut the lease.
+// asked for when dlock.max_hold cut the lease. Rounded down (floor), so
+// that the client's deadline is never after the server's expiry (a cast
+// to int8 rounds to the nearest).
 func remainingMS(col string) string {
-	return "(pg_catalog.date_part('epoch', " + col + " OPERATOR(pg_catalog.-) " +
+	return "pg_catalog.floor(pg_catalog.date_part('epoch', " + col + " OPERATOR(pg_catalog.-) " +
 		"pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8"
 }
 
