@@ -596,8 +596,10 @@ func (l *Lease) releaseCall(ctx context.Context) (bool, error) {
 // dlock.release frees it only if this owner still holds it, so it is
 // tried then too, unless the server itself said the lease was gone (a
 // renewal, proclaim or release that found it not held). Release then
-// returns the loss (a *LostError). If Release is the one that finds the
-// lease gone, OnLost is called (once). It may be called from OnLost.
+// returns the loss (a *LostError). If the lease was lost and OnLost was
+// not called yet (Release found it gone, or the loss was seen only now,
+// after a pause), Release calls it, in a goroutine of its own, once in
+// all. It may be called from OnLost, and never waits for OnLost.
 // Later calls return what the first returned. Afterwards no goroutine of
 // the lease is left, except OnLost still running, and driver calls stuck
 // on a dead connection that had not returned within the bound: those are
@@ -617,7 +619,6 @@ func (l *Lease) release() error {
 	err := l.checkLocked()
 	gone := l.lost != nil && (l.lost.Reason == LostRenewal || l.lost.Reason == LostNotHeld)
 	l.mu.Unlock()
-	found := false
 	if !gone {
 		ok, rerr := l.releaseCall(ctx)
 		l.mu.Lock()
@@ -628,16 +629,23 @@ func (l *Lease) release() error {
 			err = fmt.Errorf("dlock: could not release the lease on key %q (it expires by itself): %w", l.key, rerr)
 		case !ok:
 			l.loseLocked(LostNotHeld, nil)
-			err, found = l.lost, true
+			err = l.lost
 		}
 		l.mu.Unlock()
 	}
 	l.mu.Lock()
 	l.released = true
 	l.cancel()
+	lost := l.lost
 	l.mu.Unlock()
-	if found {
-		l.notifyLost()
+	// Lost, and OnLost perhaps not called yet: the renewer, stopped above,
+	// may have left before the loss was known (a pause, a Proclaim or
+	// UseFence that found it gone meanwhile, this release). notifyLost
+	// calls it once in all; in a goroutine of its own, so that Release
+	// never waits for it and a Release called from it does not wait for
+	// this one (we are inside relOnce).
+	if lost != nil && l.opts.OnLost != nil && atomic.LoadInt32(&l.notified) == 0 {
+		go l.notifyLost()
 	}
 	l.closeConn()
 	if !l.calls.wait(ctx.Done()) {

@@ -1307,3 +1307,53 @@ func TestInFlightCallsReturnAtLoss(t *testing.T) {
 	p.closeConns()
 	l.Release(bg)
 }
+
+// OnLost in the paths where Release is the first to know (a second attack
+// pass): a Release called from OnLost when Release found the lease gone
+// must not deadlock, and a loss seen only by Release (the deadline passed
+// during a pause, before the renewer's timer fired) still calls OnLost.
+func TestOnLostWhenReleaseIsFirstToKnow(t *testing.T) {
+	need(t)
+	db := direct(t)
+	var l *Lease
+	inner := make(chan error, 1)
+	l, err := Acquire(bg, db, "go-onlost-nested", Options{TTL: 30 * time.Second, RenewEvery: 20 * time.Second,
+		OnLost: func(error) { inner <- l.Release(bg) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`SELECT dlock.forget('go-onlost-nested')`); err != nil {
+		t.Fatal(err)
+	}
+	outer := make(chan error, 1)
+	go func() { outer <- l.Release(bg) }()
+	for _, c := range []chan error{outer, inner} {
+		select {
+		case err := <-c:
+			if !errors.Is(err, ErrLost) {
+				t.Errorf("Release: %v, want the loss", err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("Release from OnLost, called by a Release that found the lease gone, deadlocked")
+		}
+	}
+
+	var calls int32
+	l2, err := Acquire(bg, db, "go-onlost-pause", Options{TTL: 30 * time.Second, RenewEvery: 20 * time.Second,
+		OnLost: func(error) { atomic.AddInt32(&calls, 1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2.mu.Lock()
+	l2.deadline = time.Now().Add(-time.Second) // as after a pause past the deadline
+	l2.mu.Unlock()
+	if err := l2.Release(bg); !errors.Is(err, ErrLost) {
+		t.Errorf("Release after the deadline: %v, want the loss", err)
+	}
+	for i := 0; i < 50 && atomic.LoadInt32(&calls) == 0; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c := atomic.LoadInt32(&calls); c != 1 {
+		t.Errorf("OnLost called %d times for a loss Release saw first, want 1", c)
+	}
+}

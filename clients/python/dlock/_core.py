@@ -378,6 +378,15 @@ def _send_cancel(conn: Any) -> None:
         pass
 
 
+def check_cursor(cur: Any) -> None:
+    """use_fence needs a client-side cursor: a server-side (named) one
+    would only DECLARE the call, and run it at the first fetch."""
+    if isinstance(cur, (psycopg.ServerCursor, psycopg.AsyncServerCursor)):
+        raise InvalidArgument("use_fence needs a client-side cursor, not a server-side "
+                              "(named) one")
+    check_in_transaction(cur.connection)
+
+
 def check_in_transaction(conn: Any) -> None:
     """use_fence presents the token for the rest of the transaction; on an
     autocommit connection outside a transaction block that is its own
@@ -460,6 +469,7 @@ class LeaseCore:
         self.last_error: Optional[str] = None
         self._lost = False
         self.server_said_gone = False    # a renewal or release returned NULL/false
+        self.callback_in_thread = False  # the sync API: on_lost in a thread of its own
         self.lost_reason: Optional[str] = None
         self.lost_at: Optional[float] = None
         self.released = False
@@ -538,6 +548,13 @@ class LeaseCore:
             self._callback_done = True
             return
         self._callback_done = True
+        if self.callback_in_thread and not inspect.iscoroutinefunction(self.on_lost):
+            # the sync API: a callback of the user's never runs in the
+            # renewer's loop, where blocking would hold up every other
+            # lease's renewals and every release
+            threading.Thread(target=self._callback_thread, name="dlock-on-lost",
+                             daemon=True).start()
+            return
         try:
             result = self.on_lost(self.owner_object)
             if inspect.isawaitable(result):
@@ -551,6 +568,15 @@ class LeaseCore:
             log.exception("dlock: the on_lost callback of the lease on %r raised "
                           "(it runs in dlock's renewer, where it cannot stop the "
                           "program: set a flag, or signal the main thread)", self.key)
+
+    def _callback_thread(self) -> None:
+        try:
+            assert self.on_lost is not None
+            self.on_lost(self.owner_object)
+        except BaseException:  # noqa: B902 - a thread of ours: log, go no further
+            log.exception("dlock: the on_lost callback of the lease on %r raised "
+                          "(it runs in a thread of dlock's, where it cannot stop "
+                          "the program: set a flag, or signal the main thread)", self.key)
 
     def _callback_finished(self, task: "asyncio.Future[Any]") -> None:
         if task.cancelled():
@@ -749,7 +775,8 @@ class LeaseCore:
             # healthy server answers in milliseconds; a dead one must not
             # hold up the program's exit).
             t = now()
-            until = t + LOST_RELEASE_LIMIT if self._lost else min(self.deadline, t + RELEASE_LIMIT)
+            lost = self.lost        # judges the deadline too (a pause just ended)
+            until = t + LOST_RELEASE_LIMIT if lost else min(self.deadline, t + RELEASE_LIMIT)
             if until <= t:
                 return None
             if self.session_bound and (self.link.conn is None  # type: ignore[attr-defined]
@@ -772,11 +799,14 @@ class LeaseCore:
                 await asyncio.sleep(self._retry_delay())
             if result is False and not self._lost:
                 self.mark_lost("it was no longer held when released")
-                self._run_callback()
             if self._lost:
                 return False
             return result
         finally:
+            # lost, and on_lost not called yet (the renewer stopped before
+            # it knew: this release found it gone, or a pause just ended)
+            if self._lost and not self._callback_done:
+                self._run_callback()
             await self.link.close()
 
     async def proclaim(self, value: str) -> bool:

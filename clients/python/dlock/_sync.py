@@ -261,6 +261,7 @@ class Lease:
         try:
             link = svc.link(self._target)
             core = LeaseCore(link, owner_object=self, **self._args)  # type: ignore[arg-type]
+            core.callback_in_thread = True
             self._core = core
             svc.run(core.acquire())
         except BaseException:
@@ -278,9 +279,8 @@ class Lease:
         if self._svc is None or self._core is None:
             return None
         if threading.current_thread() is self._svc.thread:
-            raise RuntimeError("dlock: do not release a lease from an on_lost callback "
-                               "(it runs in the renewer, which the release waits for); "
-                               "a lost lease needs no release")
+            raise RuntimeError("dlock: a lease cannot be released from dlock's renewer "
+                               "thread (an async on_lost callback of a sync lease)")
         if self._svc.pid != os.getpid():
             # a child of fork(): the lease is the parent's to release
             self._svc = None
@@ -336,7 +336,7 @@ class Lease:
         LeaseLost) when the server refuses the token (LF001)."""
         core = self._c()
         core.check()
-        _core.check_in_transaction(cur.connection)
+        _core.check_cursor(cur)
         try:
             cur.execute(_core.SQL_USE_FENCE, (core.key, core.fence), prepare=False)
         except psycopg.Error as ex:

@@ -103,7 +103,7 @@ class AsyncLease:
         :class:`dlock.LeaseLost` once lost, :class:`dlock.StaleFence` on LF001."""
         core = self._c()
         core.check()
-        _core.check_in_transaction(cur.connection)
+        _core.check_cursor(cur)
         try:
             await cur.execute(_core.SQL_USE_FENCE, (core.key, core.fence), prepare=False)
         except psycopg.Error as ex:

@@ -723,23 +723,39 @@ class T08Misuse(Base):
             dlock.lease(DSN, "k", ttl=5, holder="a\x00b")
         self.assertNoThreadLeft()
 
-    def test_release_from_on_lost_refused_and_nothing_left(self):
-        """release() from on_lost is refused without disturbing anything:
-        the thread still stops once the lease is released."""
+    def test_on_lost_may_release_or_block_without_holding_up_anything(self):
+        """on_lost runs in a thread of its own: it may call release() (the
+        renewer thread still stops), and one that blocks holds up neither
+        the other leases' renewals nor release()."""
         seen = []
 
         def cb(lease):
-            try:
-                lease.release()
-            except RuntimeError as ex:
-                seen.append(str(ex))
+            seen.append(lease.release())
         lease = dlock.acquire(DSN, "cb-release", ttl=1.5, on_lost=cb)
         sql("SELECT dlock.forget('cb-release')")
         end = time.monotonic() + 3
         while not seen and time.monotonic() < end:
             time.sleep(0.05)
-        self.assertEqual(len(seen), 1, seen)
-        self.assertEqual(lease.release(), False)
+        self.assertEqual(seen, [False])
+        self.assertIsNone(lease.release())     # released already, by on_lost
+        end = time.monotonic() + 2
+        while dlock_threads() and time.monotonic() < end:
+            time.sleep(0.05)
+        self.assertNoThreadLeft()
+
+        gate = threading.Event()
+        with dlock.lease(DSN, "cb-other", ttl=1.2) as other:
+            blocked = dlock.acquire(DSN, "cb-block", ttl=1.2, on_lost=lambda l: gate.wait(20))
+            sql("SELECT dlock.forget('cb-block')")
+            time.sleep(1.6)                    # past other's TTL: renewed meanwhile?
+            self.assertFalse(other.lost, other.lost_reason)
+            t = time.monotonic()
+            self.assertEqual(blocked.release(), False)
+            self.assertLess(time.monotonic() - t, 1.0, "release waited for on_lost")
+        gate.set()
+        end = time.monotonic() + 2
+        while dlock_threads() and time.monotonic() < end:
+            time.sleep(0.05)
         self.assertNoThreadLeft()
 
     def test_async_on_lost_coroutine_is_awaited(self):
@@ -807,6 +823,8 @@ class T08Misuse(Base):
                     lease.fence_write(c)
                 with c.transaction():
                     lease.fence_write(c)       # inside a transaction: fine
+                    with self.assertRaises(dlock.InvalidArgument):
+                        lease.use_fence(c.cursor(name="named"))
             with psycopg.connect(DSN) as c:    # not autocommit: a transaction starts
                 lease.fence_write(c)
                 c.execute("INSERT INTO item VALUES ('item-ac', 1)")
