@@ -836,7 +836,9 @@ class T08Misuse(Base):
         r = subprocess.run([sys.executable, "-c",
                             "import dlock, sys; l = dlock.acquire(sys.argv[1], 'exiting', ttl=30); "
                             "print(l.fence)", DSN], env=env, capture_output=True, text=True,
-                           timeout=30)
+                           timeout=30, cwd=tempfile.gettempdir())
+        # (cwd: "python -c" puts the current directory first on sys.path,
+        # and the tree the tests run in has the extension's dlock.so)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(held("exiting"), 0, "released at exit, not left for its TTL")
 
