@@ -668,7 +668,11 @@ like($w3->{err}, qr/\A(dlock: canceling statement due to statement timeout \(ret
 ($rc) = dlock(qw(elect slow Y -- true));
 my ($wy, $wy_seen) = watch_for($w3, sub { $_[0] eq 'leader' });
 is($wy->[4], 'Y', 'watch: ... and still shows the leader');
-cmp_ok($wy_seen - (utc_seconds($wy->[2]) // 0), '<', 1, 'watch: ... within a second');
+# (two seconds, for a loaded machine: a full CI run once took longer than
+# one.  With calls of one second this checks only that the shortened
+# calls keep it prompt; that a watch is woken at once is checked above,
+# with its calls of 30 s)
+cmp_ok($wy_seen - (utc_seconds($wy->[2]) // 0), '<', 2, 'watch: ... within two seconds');
 signal_watch($w3, 'TERM');
 is(finish_dlock($w3), 0, 'watch: SIGTERM ends it with exit 0');
 
