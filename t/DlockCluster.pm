@@ -5,6 +5,7 @@
 #    ...), started;
 #  * streaming_standby, sync_standby: a standby streaming from it, and one
 #    its primary waits for (synchronous_standby_names);
+#  * start_pgbouncer: PgBouncer in transaction mode in front of a node;
 #  * try_sql: SQL that may fail, with the SQLSTATE of its error;
 #  * backend_session, sleeps_in_dlock: a background session and its
 #    backend's pid, and whether that backend sleeps in a dlock wait.
@@ -19,8 +20,10 @@ use Exporter 'import';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
+use Time::HiRes qw(usleep);
 
-our @EXPORT = qw(dlock_node streaming_standby sync_standby try_sql
+our @EXPORT = qw(dlock_node streaming_standby sync_standby start_pgbouncer try_sql
   backend_session sleeps_in_dlock);
 
 # A server named $name, initialised (for streaming replication with
@@ -64,6 +67,77 @@ sub sync_standby
 			WHERE application_name = '$name'}),
 		$what);
 	return $standby;
+}
+
+# Debian's PgBouncer ($ENV{PGBOUNCER}, default /usr/sbin/pgbouncer) in
+# front of $node: pool_mode = transaction, default_pool_size
+# $opt{pool_size} (default 2), listening on a port of its own in $node's
+# socket directory, trust authentication for the OS user (also its admin).
+# $opt{databases}: the [databases] section, name => options appended to
+# "host=... port=... dbname=postgres" (e.g. 'pool_size=1'); default one
+# pool named postgres.  Its output goes to a file (a pipe nobody reads
+# would fill up and block it); it is stopped when the test ends.  Returns
+# a PostgreSQL::Test::Cluster object that names its host and port (for
+# psql), its IPC::Run handle, and whether it answered SELECT 1 on database
+# $opt{check} (default the first) within 10 s.
+my @bouncers;
+
+END
+{
+	# stop the PgBouncers this test started (only those), keeping the
+	# test's exit status
+	local $?;
+	foreach my $h (@bouncers)
+	{
+		eval { $h->kill_kill; };
+	}
+}
+
+sub start_pgbouncer
+{
+	my ($node, $name, %opt) = @_;
+	my $bouncer = PostgreSQL::Test::Cluster->new($name,
+		port => PostgreSQL::Test::Cluster::get_free_port());
+	my $bdir = $bouncer->basedir;
+	my $user = getpwuid($<);
+	my ($nhost, $nport) = ($node->host, $node->port);
+	my %dbs = %{ $opt{databases} // { postgres => '' } };
+	my $databases = join '',
+	  map { "$_ = host=$nhost port=$nport dbname=postgres $dbs{$_}\n" } sort keys %dbs;
+	my $pool_size = $opt{pool_size} // 2;
+	append_to_file("$bdir/userlist.txt", qq{"$user" ""\n});
+	append_to_file("$bdir/pgbouncer.ini", qq{
+[databases]
+$databases
+[pgbouncer]
+listen_addr =
+listen_port = @{[ $bouncer->port ]}
+unix_socket_dir = @{[ $bouncer->host ]}
+auth_type = trust
+auth_file = $bdir/userlist.txt
+admin_users = $user
+pool_mode = transaction
+default_pool_size = $pool_size
+max_client_conn = 100
+ignore_startup_parameters = extra_float_digits,options
+logfile = $bdir/pgbouncer.log
+log_connections = 0
+log_disconnections = 0
+pidfile = $bdir/pgbouncer.pid
+});
+	my $h = IPC::Run::start([ $ENV{PGBOUNCER} // '/usr/sbin/pgbouncer', '-q',
+			"$bdir/pgbouncer.ini" ],
+		'<' => \undef, '>' => "$bdir/pgbouncer.out", '2>&1');
+	push @bouncers, $h;
+	my $check = $opt{check} // (sort keys %dbs)[0];
+	foreach (1 .. 100)
+	{
+		my ($ret, $out) = $bouncer->psql($check, 'SELECT 1');
+		return ($bouncer, $h, 1) if $ret == 0 && $out eq '1';
+		usleep(100_000);
+	}
+	diag 'pgbouncer: ' . slurp_file("$bdir/pgbouncer.out");
+	return ($bouncer, $h, 0);
 }
 
 # Run $sql in database $db of $node in a psql of its own that stops at the

@@ -77,47 +77,10 @@ my $user = getpwuid($<);
 # PgBouncer, as in t/pgbouncer.pl: its own port in the node's socket
 # directory; "small" is a pool of 2 server connections.
 #
-my $bouncer = PostgreSQL::Test::Cluster->new('gobouncer',
-	port => PostgreSQL::Test::Cluster::get_free_port());
-my $bdir = $bouncer->basedir;
+my ($bouncer, $bh, $bouncer_up) = start_pgbouncer($node, 'gobouncer',
+	databases => { small => 'pool_size=2' });
+ok($bouncer_up, 'PgBouncer accepts connections');
 my $bport = $bouncer->port;
-append_to_file("$bdir/userlist.txt", qq{"$user" ""\n});
-append_to_file("$bdir/pgbouncer.ini", qq{
-[databases]
-small = host=$nhost port=$nport dbname=postgres pool_size=2
-
-[pgbouncer]
-listen_addr =
-listen_port = $bport
-unix_socket_dir = $nhost
-auth_type = trust
-auth_file = $bdir/userlist.txt
-admin_users = $user
-pool_mode = transaction
-default_pool_size = 2
-max_client_conn = 100
-ignore_startup_parameters = extra_float_digits,options
-logfile = $bdir/pgbouncer.log
-log_connections = 0
-log_disconnections = 0
-pidfile = $bdir/pgbouncer.pid
-});
-my $bh = IPC::Run::start([ $pgbouncer, '-q', "$bdir/pgbouncer.ini" ],
-	'<' => \undef, '>' => "$bdir/pgbouncer.out", '2>&1');
-END
-{
-	local $?;
-	eval { $bh->kill_kill if $bh; };
-}
-my $bouncer_up = 0;
-foreach (1 .. 100)
-{
-	my ($ret, $out) = $bouncer->psql('small', 'SELECT 1');
-	if ($ret == 0 && $out eq '1') { $bouncer_up = 1; last; }
-	usleep(100_000);
-}
-ok($bouncer_up, 'PgBouncer accepts connections')
-  or diag slurp_file("$bdir/pgbouncer.out");
 
 #
 # The module, copied, with lib/pq replaced by Debian's copy.

@@ -54,46 +54,10 @@ listen_addresses = '127.0.0.1'
 $node->safe_psql('postgres', 'CREATE EXTENSION dlock');
 
 # PgBouncer, transaction pooling, 2 server connections (as in t/pgbouncer.pl)
-my $bouncer = PostgreSQL::Test::Cluster->new('pybouncer',
-	port => PostgreSQL::Test::Cluster::get_free_port());
-my $bdir = $bouncer->basedir;
-my $user = getpwuid($<);
+my ($bouncer, $bh, $bouncer_up) = start_pgbouncer($node, 'pybouncer', pool_size => 2);
+ok($bouncer_up, 'PgBouncer accepts connections');
 my ($nhost, $nport) = ($node->host, $node->port);
 my ($bhost, $bport) = ($bouncer->host, $bouncer->port);
-append_to_file("$bdir/userlist.txt", qq{"$user" ""\n});
-append_to_file("$bdir/pgbouncer.ini", qq{
-[databases]
-postgres = host=$nhost port=$nport dbname=postgres
-
-[pgbouncer]
-listen_addr =
-listen_port = $bport
-unix_socket_dir = $bhost
-auth_type = trust
-auth_file = $bdir/userlist.txt
-admin_users = $user
-pool_mode = transaction
-default_pool_size = 2
-max_client_conn = 100
-ignore_startup_parameters = extra_float_digits,options
-logfile = $bdir/pgbouncer.log
-pidfile = $bdir/pgbouncer.pid
-});
-my $bh = IPC::Run::start([ $pgbouncer, '-q', "$bdir/pgbouncer.ini" ],
-	'<' => \undef, '>' => "$bdir/pgbouncer.out", '2>&1');
-END
-{
-	local $?;
-	eval { $bh->kill_kill if $bh; };
-}
-my $bouncer_up = 0;
-foreach (1 .. 100)
-{
-	my ($ret, $out) = $bouncer->psql('postgres', 'SELECT 1');
-	if ($ret == 0 && $out eq '1') { $bouncer_up = 1; last; }
-	usleep(100_000);
-}
-ok($bouncer_up, 'PgBouncer accepts connections');
 
 # the suite
 my $tmp = PostgreSQL::Test::Utils::tempdir('client_python');

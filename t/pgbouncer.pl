@@ -150,60 +150,14 @@ $node->safe_psql('postgres', q{
 # Database "postgres" is the pool of 5; "sb" a pool of one server
 # connection to the same database, for d.
 #
-my $bouncer = PostgreSQL::Test::Cluster->new('bouncer',
-	port => PostgreSQL::Test::Cluster::get_free_port());
+my ($bouncer, $bh, $bouncer_up) = start_pgbouncer($node, 'bouncer', pool_size => 5,
+	databases => { postgres => '', sb => 'pool_size=1' }, check => 'postgres');
 my $bdir = $bouncer->basedir;
 my $user = getpwuid($<);
 my ($nhost, $nport) = ($node->host, $node->port);
 my ($bhost, $bport) = ($bouncer->host, $bouncer->port);
 is($bhost, $nhost, 'PgBouncer listens in the node\'s socket directory');
-append_to_file("$bdir/userlist.txt", qq{"$user" ""\n});
-append_to_file("$bdir/pgbouncer.ini", qq{
-[databases]
-postgres = host=$nhost port=$nport dbname=postgres
-sb = host=$nhost port=$nport dbname=postgres pool_size=1
-
-[pgbouncer]
-listen_addr =
-listen_port = $bport
-unix_socket_dir = $bhost
-auth_type = trust
-auth_file = $bdir/userlist.txt
-admin_users = $user
-pool_mode = transaction
-default_pool_size = 5
-max_client_conn = 100
-ignore_startup_parameters = extra_float_digits,options
-logfile = $bdir/pgbouncer.log
-log_connections = 0
-log_disconnections = 0
-pidfile = $bdir/pgbouncer.pid
-});
-# (its output goes to a file: a pipe that nobody reads would fill up and
-# block it)
-my $bh = IPC::Run::start([ $pgbouncer, '-q', "$bdir/pgbouncer.ini" ],
-	'<' => \undef, '>' => "$bdir/pgbouncer.out", '2>&1');
-END
-{
-	# stop the PgBouncer this test started (only that one), keeping the
-	# test's exit status
-	local $?;
-	eval { $bh->kill_kill if $bh; };
-}
-ok(poll_bouncer(), 'PgBouncer accepts connections');
-
-# Wait until PgBouncer answers a query; true if it did.
-sub poll_bouncer
-{
-	foreach (1 .. 100)
-	{
-		my ($ret, $out) = $bouncer->psql('postgres', 'SELECT 1');
-		return 1 if $ret == 0 && $out eq '1';
-		usleep(100_000);
-	}
-	diag 'pgbouncer: ' . slurp_file("$bdir/pgbouncer.out");
-	return 0;
-}
+ok($bouncer_up, 'PgBouncer accepts connections');
 
 # Run $sql on PgBouncer's admin console; return its output.
 sub admin
