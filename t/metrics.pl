@@ -12,7 +12,8 @@
 #    scrape, and the lease and waiter gauges equal the counts of
 #    dlock.lease_status and dlock.waiters (one acquire waiting).
 # b. A database without dlock gets dlock_extension_installed 0 and no other
-#    dlock series, and no scrape error.
+#    dlock series, and no scrape error; look-alike views that a role with
+#    CREATE on it put in a schema dlock of its own are never read.
 # c. The number of dlock_* series is the same with 10 keys and with 10,010.
 # d. Memory mode: with a lease granted, the horizon lies ahead but grants are
 #    not blocked; after a restart the horizon metric says grants are blocked
@@ -95,6 +96,28 @@ $node->safe_psql('postgres', q{
 });
 $node->safe_psql('postgres', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
 $node->safe_psql('other', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
+# In database other (no dlock), a role with CREATE on the database squats
+# the schema dlock with look-alike views whose function records every call,
+# made by whoever reads them (the exporter's role, if it did).
+$node->safe_psql('other', q{
+	CREATE ROLE mallory LOGIN;
+	GRANT CREATE ON DATABASE other TO mallory;
+	SET ROLE mallory;
+	CREATE SCHEMA dlock;
+	GRANT USAGE ON SCHEMA dlock TO PUBLIC;
+	CREATE TABLE dlock.called (who name, at timestamptz);
+	GRANT INSERT ON dlock.called TO PUBLIC;
+	CREATE FUNCTION dlock.spy() RETURNS int LANGUAGE sql
+		AS $$ INSERT INTO dlock.called VALUES (current_user, now()) RETURNING 1 $$;
+	CREATE VIEW dlock.waiters AS
+		SELECT dlock.spy() AS pid, 'k'::text AS key, 'exclusive'::text AS mode,
+			   1 AS permits, now() AS waiting_since, 1 AS position;
+	CREATE VIEW dlock.stats AS
+		SELECT NULL::text AS key, dlock.spy()::bigint AS acquired;
+	CREATE VIEW dlock.lease_status AS
+		SELECT dlock.spy() AS state;
+	GRANT SELECT ON dlock.waiters, dlock.stats, dlock.lease_status TO PUBLIC;
+});
 
 # The exporter, as dlock_exporter, discovering the databases, on a port of
 # its own; stopped when the test ends.
@@ -284,6 +307,8 @@ is(metric($m, 'dlock_extension_installed', 'other', 'storage="table",version=""'
 	'database other: dlock_extension_installed 0');
 is(scalar(grep { /^dlock_/ && /datname="other"/ } keys %$m), 3,
 	'database other: no dlock series but the three of dlock_extension');
+is($node->safe_psql('other', 'SELECT count(*) FROM dlock.called'), 0,
+	"database other: the squatter's look-alike views in a schema dlock were never read");
 
 # c. Cardinality: 10,000 keys more.
 my $before = dlock_series($m);
