@@ -1,7 +1,9 @@
 # dlock's metrics where operators look (issue 22, part 2): Debian's
 # prometheus-postgres-exporter with monitoring/postgres_exporter/dlock.yaml,
 # as the least-privileged role of monitoring/postgres_exporter/setup.sql,
-# against a server with dlock preloaded, scraped over HTTP.
+# against a server with dlock preloaded, scraped over HTTP; the role's
+# sessions have a far TimeZone, DateStyle SQL, IntervalStyle sql_standard
+# and extra_float_digits -15, none of which may change a value.
 #
 # a. Under load (pgbench: grants, contended try_acquire, acquire calls that
 #    time out, leases that run out and are taken over, fenced writes
@@ -96,6 +98,14 @@ $node->safe_psql('postgres', q{
 });
 $node->safe_psql('postgres', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
 $node->safe_psql('other', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
+# The exporter's sessions with settings that change how times and floats
+# are written: the values must not change.
+$node->safe_psql('postgres', q{
+	ALTER ROLE dlock_exporter SET TimeZone = 'Pacific/Kiritimati';
+	ALTER ROLE dlock_exporter SET DateStyle = 'SQL, DMY';
+	ALTER ROLE dlock_exporter SET IntervalStyle = 'sql_standard';
+	ALTER ROLE dlock_exporter SET extra_float_digits = -15;
+});
 # In database other (no dlock), a role with CREATE on the database squats
 # the schema dlock with look-alike views whose function records every call,
 # made by whoever reads them (the exporter's role, if it did).
