@@ -367,10 +367,10 @@ $exporter->kill_kill;
 $node->restart;
 start_exporter();
 # (the time before the scrape: the server judged the horizon after it)
-my $before = time();
+my $asked = time();
 $m = scrape();
 my $left = metric($m, 'dlock_horizon_blocked_seconds', 'memdb') // -1;
-my $bound = 15 + 1 + 1 - ($before - $granted);
+my $bound = 15 + 1 + 1 - ($asked - $granted);
 is(metric($m, 'dlock_horizon_grants_blocked', 'memdb'), 1,
 	'after the restart: grants blocked');
 ok($left > 0 && $left <= $bound,
