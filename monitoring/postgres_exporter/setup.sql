@@ -1,0 +1,36 @@
+-- The role prometheus-postgres-exporter connects as, with least privilege
+-- for dlock.yaml (docs/operating.md, "Monitoring").  As a superuser:
+--   psql -d postgres -f setup.sql                 (the role, once)
+--   psql -d <each database with dlock> -f setup.sql
+-- It is safe to run again.  Give the role a password or a pg_hba.conf
+-- line of your own.
+
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
+				   WHERE rolname OPERATOR(pg_catalog.=) 'dlock_exporter') THEN
+		CREATE ROLE dlock_exporter LOGIN;
+	END IF;
+END
+$$;
+
+-- The exporter's own metrics (pg_stat_*) and dlock_extension_preloaded
+-- (pg_shmem_allocations) need pg_monitor; dlock's views are readable by
+-- everyone.
+GRANT pg_monitor TO dlock_exporter;
+
+-- Nothing on the search path but the catalog (the queries qualify every
+-- name anyway).
+ALTER ROLE dlock_exporter SET search_path = pg_catalog;
+
+-- dlock_horizon_timestamp_seconds and dlock_horizon_blocked_seconds read
+-- memory mode's horizon.  SELECT on a sequence reads it; it cannot move it
+-- (that would take UPDATE or USAGE).
+DO $$
+BEGIN
+	IF EXISTS (SELECT FROM pg_catalog.pg_extension
+			   WHERE extname OPERATOR(pg_catalog.=) 'dlock') THEN
+		GRANT SELECT ON SEQUENCE dlock.horizon_seq, dlock.horizon_mark TO dlock_exporter;
+	END IF;
+END
+$$;
