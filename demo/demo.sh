@@ -181,8 +181,15 @@ with dlock.lease("dbname=demo", key, ttl=2, holder="worker-E",
         print("[worker-E] its raw write with token %d was refused: %s %s"
               % (lease.fence, ex.sqlstate, ex.diag.message_primary), flush=True)
 EOF
-PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/clients/python" \
-	/usr/bin/python3 "$dir/worker_e.py" "$KEY" "$dir/go-E" >"$dir/E.out" 2>&1 &
+# the library of this tree, or (DLOCK_DEMO_INSTALLED, tools/demo --installed)
+# the one the python3-dlock package installed
+if [ -n "${DLOCK_DEMO_INSTALLED:-}" ]; then
+	unset PYTHONPATH
+else
+	export PYTHONPATH
+	PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/clients/python"
+fi
+/usr/bin/python3 "$dir/worker_e.py" "$KEY" "$dir/go-E" >"$dir/E.out" 2>&1 &
 e_pid=$!
 pids+=("$e_pid")
 for _ in $(seq 1 100); do
