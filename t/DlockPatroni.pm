@@ -493,6 +493,31 @@ sub probe_until_grant
 	return (undef, undef, $last_old);
 }
 
+# Probe, after a fault at $t0 (us), until the REST call $post has been
+# answered and 1 s more; returns (the longest time without a grant,
+# counted from $t0, in microseconds, the port of the node that granted the
+# last key).
+sub probe_during
+{
+	my ($c, $t0, $post) = @_;
+	my ($last, $longest, $port, $done) = ($t0, 0, undef, undef);
+	my $deadline = time() + 240;
+	while (time() < $deadline)
+	{
+		my $p = $c->probe_once('patroni-probe-' . ++$c->{probes});
+		my $t = DlockPatroni::now_us();
+		if (defined $p)
+		{
+			$longest = $t - $last if $t - $last > $longest;
+			($last, $port) = ($t, $p);
+			$done //= $t if -f $post->{file};
+			last if defined $done && $t - $done > 1e6;
+		}
+		usleep(50_000);
+	}
+	return defined $done ? ($longest, $port) : (undef, undef);
+}
+
 # The pid of node $n's postmaster, from postmaster.pid.
 sub postmaster_pid
 {
@@ -659,6 +684,38 @@ sub run_cluster
 	return \%res;
 }
 
+# POST $body (JSON) to node $n's REST API at /$what, from a child process
+# (Patroni answers once it is done: the probe runs meanwhile); returns a
+# handle for rest_answer.
+sub rest_post
+{
+	my ($c, $n, $what, $body) = @_;
+	my $file = "$c->{dir}/post." . ++$c->{posts};
+	my $pid = fork();
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		my $r = HTTP::Tiny->new(timeout => 120)->post("http://127.0.0.1:$n->{rest}/$what",
+			{ content => encode_json($body), headers => { 'Content-Type' => 'application/json' } });
+		if (open(my $f, '>', $file))
+		{
+			print $f "$r->{status} $r->{content}";
+			close($f);
+		}
+		POSIX::_exit(0);
+	}
+	register($pid);
+	return { pid => $pid, file => $file };
+}
+
+# The status and answer of a rest_post (waits for it).
+sub rest_answer
+{
+	my ($post) = @_;
+	waitpid($post->{pid}, 0);
+	return -f $post->{file} ? slurp_file($post->{file}) : 'no answer';
+}
+
 # One fault of kind $kind (see the header); returns what happened:
 # { kind, node (the leader, or the replica restarted), new (the node that
 # granted the probe's key), gap_s (from the fault to that grant),
@@ -677,6 +734,7 @@ sub fault
 	$f{node} = $l->{name};
 	my $t0 = now_us();
 	my @not = ($l->{pgport});
+	my $post;
 	if ($kind eq 'crash')
 	{
 		# a machine crash: Patroni, the postmaster and every backend at once
@@ -690,10 +748,7 @@ sub fault
 	}
 	elsif ($kind eq 'switchover')
 	{
-		my $r = $http->post("http://127.0.0.1:$l->{rest}/switchover",
-			{ content => encode_json({ leader => $l->{name} }),
-			  headers => { 'Content-Type' => 'application/json' } });
-		$f{error} .= "switchover refused: $r->{status} $r->{content}; " unless $r->{success};
+		$post = rest_post($c, $l, 'switchover', { leader => $l->{name} });
 	}
 	elsif ($kind eq 'pmkill')
 	{
@@ -708,13 +763,13 @@ sub fault
 		($r) = grep { $_->{role} ne 'leader' } @$m unless $r;
 		my $n = $c->node($r->{name});
 		$f{node} = $n->{name};
-		my $res = $http->post("http://127.0.0.1:$n->{rest}/restart",
-			{ content => '{}', headers => { 'Content-Type' => 'application/json' } });
-		$f{error} .= "restart refused: $res->{status} $res->{content}; " unless $res->{success};
+		$post = rest_post($c, $n, 'restart', {});
 		# the grant gap seen meanwhile (the leader stays)
 		@not = ();
 	}
-	my ($gap, $port, $old) = $c->probe_until_grant($t0, 240, @not);
+	my ($gap, $port, $old) = $kind eq 'replica_restart'
+	  ? $c->probe_during($t0, $post)
+	  : $c->probe_until_grant($t0, 240, @not);
 	if (defined $gap)
 	{
 		$f{gap_s} = $gap / 1e6;
@@ -725,6 +780,11 @@ sub fault
 		$f{error} .= 'no fresh key granted within 240 s; ';
 	}
 	$f{old_granted_s} = ($old - $t0) / 1e6 if defined $old;
+	if ($post)
+	{
+		my $answer = rest_answer($post);
+		$f{error} .= "$kind refused: $answer; " unless $answer =~ /^2/;
+	}
 	if ($kind eq 'crash')
 	{
 		# the machine is back: its Patroni rejoins
