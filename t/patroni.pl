@@ -76,6 +76,10 @@ foreach (@clusters)
 note "failovers per cluster: $failovers, ttl $ttl s, $workers workers, clusters: "
   . join(', ', map { "$_->[0] mode, synchronous_mode $_->[1]" } @clusters);
 
+# a signal ends the test through its END blocks, which stop everything
+# it started (DlockPatroni's registry)
+$SIG{$_} = sub { die "killed by SIG$_[0]\n" } foreach qw(HUP INT TERM);
+
 my $prog = chaos_checker();
 # a short path: it holds the sockets of every node
 my $dir = PostgreSQL::Test::Utils::tempdir_short;
@@ -93,6 +97,7 @@ foreach my $i (0 .. $#clusters)
 	if ($pid == 0)
 	{
 		# no TAP output and no END blocks here
+		$SIG{$_} = sub { POSIX::_exit(1) } foreach qw(HUP INT TERM);
 		srand(time() + $i);
 		my $ok = eval {
 			DlockPatroni::run_cluster(
@@ -112,6 +117,7 @@ foreach my $i (0 .. $#clusters)
 		}
 		POSIX::_exit($ok ? 0 : 1);
 	}
+	DlockPatroni::register($pid);
 	$pids{$scope} = $pid;
 }
 
