@@ -438,50 +438,60 @@ sub psql
 {
 	my ($c, $n, $sql, $timeout) = @_;
 	my ($out, $err) = ('', '');
-	IPC::Run::run([ "$c->{bindir}/psql", '-X', '-A', '-t', '-q',
-		'-d', "host=127.0.0.1 port=$n->{pgport} dbname=postgres user=postgres connect_timeout=2",
-		'-c', $sql ], '<', \undef, '>', \$out, '2>', \$err,
-		IPC::Run::timeout($timeout // 20, exception => undef));
+	# (a timeout kills psql and dies)
+	eval {
+		IPC::Run::run([ "$c->{bindir}/psql", '-X', '-A', '-t', '-q',
+			'-d', "host=127.0.0.1 port=$n->{pgport} dbname=postgres user=postgres connect_timeout=2",
+			'-c', $sql ], '<', \undef, '>', \$out, '2>', \$err,
+			IPC::Run::timeout($timeout // 20));
+	};
 	chomp $out;
 	return $out;
 }
 
-# The libpq connection string that reaches whichever node is the leader.
+# The libpq connection string that reaches whichever node is the leader
+# (of the nodes whose ports are not in @not).
 sub conninfo
 {
-	my ($c) = @_;
-	return 'host=' . join(',', ('127.0.0.1') x 3)
-	  . ' port=' . join(',', map { $_->{pgport} } @{ $c->{nodes} })
+	my ($c, @not) = @_;
+	my @ports = grep { my $p = $_; !grep { $_ == $p } @not } map { $_->{pgport} } @{ $c->{nodes} };
+	return 'host=' . join(',', ('127.0.0.1') x @ports)
+	  . ' port=' . join(',', @ports)
 	  . ' dbname=postgres user=postgres target_session_attrs=read-write';
 }
 
 # One try of the probe: a grant of the fresh key $key through the
-# multi-host connection string.  Returns the port of the node that granted
-# it, or undef.
+# multi-host connection string (without the nodes whose ports are in
+# @not).  Returns the port of the node that granted it, or undef.
 sub probe_once
 {
-	my ($c, $key) = @_;
+	my ($c, $key, @not) = @_;
 	my ($out, $err) = ('', '');
-	IPC::Run::run([ "$c->{bindir}/psql", '-X', '-A', '-t', '-q',
-		'-d', $c->conninfo . ' connect_timeout=2 options=-cstatement_timeout=3s',
-		'-c', "SELECT inet_server_port() FROM dlock.try_acquire('$key', '1 s')" ],
-		'<', \undef, '>', \$out, '2>', \$err,
-		IPC::Run::timeout(10, exception => undef));
+	eval {
+		IPC::Run::run([ "$c->{bindir}/psql", '-X', '-A', '-t', '-q',
+			'-d', $c->conninfo(@not) . ' connect_timeout=2 options=-cstatement_timeout=3s',
+			'-c', "SELECT inet_server_port() FROM dlock.try_acquire('$key', '1 s')" ],
+			'<', \undef, '>', \$out, '2>', \$err,
+			IPC::Run::timeout(10));
+	};
 	return $out =~ /^(\d+)$/ ? $1 : undef;
 }
 
 # Probe, after a fault at $t0 (us), until a fresh key is granted by a node
 # other than @not (by port); returns (microseconds from $t0 to the
 # grant's return, the node that granted it, and the last time before that
-# a node in @not granted one).
+# a node in @not granted one).  With $avoid the probe's connection string
+# leaves the nodes in @not out (a zombie primary: libpq's
+# target_session_attrs=read-write would pick it as long as it runs, a
+# router that asks Patroni's REST API would not).
 sub probe_until_grant
 {
-	my ($c, $t0, $limit, @not) = @_;
+	my ($c, $t0, $limit, $avoid, @not) = @_;
 	my $deadline = time() + $limit;
 	my $last_old;
 	while (time() < $deadline)
 	{
-		my $port = $c->probe_once('patroni-probe-' . ++$c->{probes});
+		my $port = $c->probe_once('patroni-probe-' . ++$c->{probes}, $avoid ? @not : ());
 		my $t = DlockPatroni::now_us();
 		if (defined $port)
 		{
@@ -624,9 +634,10 @@ sub run_cluster
 		'--duration' => 100000, '--workers' => $a{workers}, '--keys' => 4,
 		'--logdir' => "$a{dir}/chaos-logs", (defined $a{seed} ? ('--seed' => $a{seed}) : ()));
 	register($chaos);
+	$c->{chaos_started} = now_us();
 	sleep 3;
 
-	my @kinds = qw(crash replica_restart partition pmkill switchover);
+	my @kinds = @{ $a{kinds} // [qw(crash replica_restart partition pmkill switchover)] };
 	my $failovers = 0;
 	my $i = 0;
 	my $deadline = time() + ($a{limit} // 1e9);
@@ -635,7 +646,7 @@ sub run_cluster
 		my $kind = $kinds[ $i++ % @kinds ];
 		my $f = fault($c, $kind);
 		push @{ $res{faults} }, $f;
-		$failovers++ if $kind =~ /^(crash|partition|switchover)$/;
+		$failovers++ if $kind =~ /^(crash|partition|switchover|zombie)$/;
 		if (!$c->wait_healthy(240))
 		{
 			$f->{error} .= 'the cluster did not become healthy again; ';
@@ -733,9 +744,16 @@ sub fault
 	}
 	$f{node} = $l->{name};
 	my $t0 = now_us();
+	$f{at_s} = ($t0 - $c->{chaos_started}) / 1e6 if $c->{chaos_started};
 	my @not = ($l->{pgport});
 	my $post;
-	if ($kind eq 'crash')
+	if ($kind eq 'zombie')
+	{
+		# Patroni dies, its postgres runs on as a primary (no watchdog)
+		kill 'KILL', $l->{pid};
+		waitpid($l->{pid}, 0);
+	}
+	elsif ($kind eq 'crash')
 	{
 		# a machine crash: Patroni, the postmaster and every backend at once
 		my @pg = processes_in($l->{data});
@@ -769,7 +787,7 @@ sub fault
 	}
 	my ($gap, $port, $old) = $kind eq 'replica_restart'
 	  ? $c->probe_during($t0, $post)
-	  : $c->probe_until_grant($t0, 240, @not);
+	  : $c->probe_until_grant($t0, 240, $kind eq 'zombie', @not);
 	if (defined $gap)
 	{
 		$f{gap_s} = $gap / 1e6;
@@ -785,7 +803,23 @@ sub fault
 		my $answer = rest_answer($post);
 		$f{error} .= "$kind refused: $answer; " unless $answer =~ /^2/;
 	}
-	if ($kind eq 'crash')
+	if ($kind eq 'zombie' || $kind eq 'partition')
+	{
+		# Does the old primary still grant a fresh key, now that another
+		# node is the leader?  (A grant that waits for its synchronous
+		# standby, which follows the new leader now, never returns.)
+		my $t1 = time();
+		my $out = $c->psql($l, "SELECT fence FROM dlock.try_acquire('patroni-old-$c->{probes}', '1 s')", 6);
+		$f{old_after} = $out =~ /^\d+$/ ? sprintf('granted in %.2f s', time() - $t1) : 'no grant';
+	}
+	if ($kind eq 'zombie')
+	{
+		# what a watchdog does: the machine is reset, its Patroni rejoins
+		my @pg = processes_in($l->{data});
+		kill 'KILL', @pg if @pg;
+		$c->start_patroni($l);
+	}
+	elsif ($kind eq 'crash')
 	{
 		# the machine is back: its Patroni rejoins
 		$c->start_patroni($l);

@@ -104,7 +104,8 @@ foreach my $i (0 .. $#clusters)
 				scope => $scope, mode => $mode, sync => $sync, ttl => $ttl,
 				max_ttl => '5s', dir => $cdir, etcd => $etcd, prog => $prog,
 				workers => $workers, failovers => $failovers,
-				seed => $ENV{DLOCK_PATRONI_SEED});
+				seed => $ENV{DLOCK_PATRONI_SEED},
+				$ENV{DLOCK_PATRONI_KINDS} ? (kinds => [ split /,/, $ENV{DLOCK_PATRONI_KINDS} ]) : ());
 			1;
 		};
 		unless ($ok)
@@ -139,17 +140,18 @@ foreach my $cl (@clusters)
 	}
 	my $r = decode_json(slurp_file("$cdir/result"));
 	my @f = @{ $r->{faults} };
-	my @planned = grep { $_->{kind} =~ /^(crash|partition|switchover)$/ } @f;
+	my @planned = grep { $_->{kind} =~ /^(crash|partition|switchover|zombie)$/ } @f;
 	my %c = %{ $r->{counts} };
 
 	note sprintf('%s: set up in %.1f s, ran %.1f s; %d faults, %d leader changes',
 		$label, $r->{setup_s}, $r->{total_s}, scalar(@f), $r->{leader_changes});
 	foreach my $f (@f)
 	{
-		note sprintf('%s: %-15s of %s: %s%s%s%s', $label, $f->{kind}, $f->{node} // '?',
+		note sprintf('%s: %6.1f s %-15s of %s: %s%s%s%s%s', $label, $f->{at_s} // 0, $f->{kind}, $f->{node} // '?',
 			defined $f->{gap_s} ? sprintf('fresh key granted by %s %.2f s after the fault', $f->{new}, $f->{gap_s}) : 'no grant',
 			defined $f->{old_granted_s} ? sprintf(', the old leader granted one %.2f s after it', $f->{old_granted_s}) : '',
 			defined $f->{healed_s} ? sprintf(', healed at %.1f s', $f->{healed_s}) : '',
+			defined $f->{old_after} ? ", a fresh key on the old leader then: $f->{old_after}" : '',
 			$f->{error} ne '' ? ", ERROR: $f->{error}" : '');
 	}
 	note "$label: $_" foreach grep { /^dlock-chaos: / } split /\n/, $r->{chaos_out};
