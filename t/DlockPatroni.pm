@@ -409,8 +409,8 @@ sub leader
 }
 
 # Wait up to $limit seconds until three members run, one of them the
-# leader, and (synchronous mode) one a synchronous standby, the others
-# streaming with no lag.  Returns whether they do.
+# leader, and (synchronous mode) one a synchronous standby, the other two
+# streaming from the leader.  Returns whether they do.
 sub wait_healthy
 {
 	my ($c, $limit) = @_;
@@ -424,9 +424,11 @@ sub wait_healthy
 			&& ($c->{sync} eq 'off' || (grep { $_->{role} eq 'sync_standby' } @$m) >= 1)
 			&& !(grep { $_->{role} ne 'leader' && ($_->{lag} // 'x') !~ /^\d+$/ } @$m))
 		{
-			# and the leader accepts writes
+			# and the leader accepts writes, both replicas stream from it
+			# (a rejoining node shows a lag in bytes before it streams)
 			my $l = $c->leader;
-			return 1 if $l && $c->psql($l, 'SELECT NOT pg_is_in_recovery()') eq 't';
+			return 1 if $l && $c->psql($l, "SELECT NOT pg_is_in_recovery()
+				AND (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming') = 2") eq 't';
 		}
 		usleep(200_000);
 	}
