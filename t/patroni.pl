@@ -24,10 +24,16 @@
 # the leader's Patroni from etcd (healed once its postgres runs as a
 # standby), kills the leader's postmaster alone (Patroni starts it again:
 # no failover), and asks for a switchover (POST /switchover); after each,
-# until the cluster is healthy again.  After each fault a probe grants
+# it waits until the cluster is healthy again (a leader, a synchronous
+# standby, both replicas streaming).  After each fault a probe grants
 # fresh keys through the same connection string until a node other than
-# the old leader grants one (any node, for the postmaster's kill and the
-# replica's restart): the time dlock could not grant.
+# the old leader grants one (any node, for the postmaster's kill): the
+# time dlock could not grant; during the replica's restart, the longest
+# time without a grant.  DLOCK_PATRONI_KINDS=zombie (not in CI) kills the
+# leader's Patroni alone, leaving its postgres a primary, as without a
+# watchdog; the probe then leaves that node out of its connection string
+# (libpq would keep choosing it), and once another node grants, the old
+# one is asked for a fresh key too, then killed, as a watchdog would.
 #
 # Checked, per cluster: the checker exits 0 with no violation (no two
 # holders' writes accepted under one key at one moment, no token
