@@ -9,10 +9,11 @@
 #  * memory: dlock.storage = memory (dlock.horizon_margin = 1s,
 #    dlock.max_ttl = 5s), synchronous_mode: true and
 #    synchronous_mode_strict: true.
-# Patroni's ttl is 10 s (loop_wait 1 s, retry_timeout 4 s: Patroni 3.0.2
-# checks no minimum; later releases refuse a ttl below 20 s, which
-# DLOCK_PATRONI_TTL=20 runs), use_pg_rewind, each Patroni talking to etcd
-# through a proxy of ours that can be blackholed.
+# Patroni's ttl is 10 s (loop_wait 1 s, retry_timeout 4 s, so that
+# loop_wait + 2 * retry_timeout <= ttl: Patroni 3.0.2 checks no minimum;
+# later releases may refuse a ttl below 20 s, which DLOCK_PATRONI_TTL=20
+# runs), use_pg_rewind, each Patroni talking to etcd through a proxy of
+# ours that can be blackholed.
 #
 # The checker's workers connect with a multi-host connection string
 # (target_session_attrs=read-write) and reconnect after every error; its
