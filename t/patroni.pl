@@ -55,7 +55,7 @@
 # DLOCK_PATRONI_SEED (the checker's seed).  DLOCK_PATRONI_REPORT names a
 # file the figures are appended to (JSON lines).
 #
-# About 2.5 minutes on 2 shared cores.
+# About 95 s on 2 cores (30 assertions).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
