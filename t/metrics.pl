@@ -16,12 +16,19 @@
 # b. A database without dlock gets dlock_extension_installed 0 and no other
 #    dlock series, and no scrape error; look-alike views that a role with
 #    CREATE on it put in a schema dlock of its own are never read.
+#    A database whose extension is still at version 0.5 (the package
+#    upgraded, ALTER EXTENSION dlock UPDATE not run yet): setup.sql runs
+#    there, its counters are scraped, it has no horizon series (no
+#    observe() before 0.7) and no query fails (0.5: no horizon_mark).
 # c. The number of dlock_* series is the same with 10 keys and with 10,010.
 # d. Memory mode: with a lease granted, the horizon lies ahead but grants are
 #    not blocked; after a restart the horizon metric says grants are blocked
 #    (try_acquire indeed returns nothing) and for how long (within the
 #    lease's TTL plus the margin), and then it clears (and try_acquire
 #    grants).
+#    Then, with a 10 s lease granted, a switch back to table mode: grants
+#    are blocked until the horizon (try_acquire returns nothing) and the
+#    metric says so, for how long, and then that they are not.
 # e. promtool check rules and promtool test rules pass on
 #    monitoring/prometheus/dlock-alerts.yml (each one assertion).
 #
@@ -98,6 +105,13 @@ $node->safe_psql('postgres', q{
 });
 $node->safe_psql('postgres', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
 $node->safe_psql('other', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
+$node->safe_psql('postgres', 'CREATE DATABASE olddb');
+$node->safe_psql('olddb', q{CREATE EXTENSION dlock VERSION '0.5'});
+my ($setup_rc, $setup_out, $setup_err) = $node->psql('olddb',
+	slurp_file("$top/monitoring/postgres_exporter/setup.sql"),
+	on_error_stop => 1);
+is($setup_rc, 0, 'setup.sql runs in a database with dlock 0.5')
+  or diag $setup_err;
 # The exporter's sessions with settings that change how times and floats
 # are written: the values must not change.
 $node->safe_psql('postgres', q{
@@ -322,6 +336,14 @@ is(scalar(grep { /^dlock_/ && /datname="other"/ } keys %$m), 3,
 is($node->safe_psql('other', 'SELECT count(*) FROM dlock.called'), 0,
 	"database other: the squatter's look-alike views in a schema dlock were never read");
 
+# The database at version 0.5.
+is(metric($m, 'dlock_extension_installed', 'olddb', 'storage="table",version="0.5"'), 1,
+	'database olddb: dlock 0.5 installed');
+is(metric($m, 'dlock_grants_total', 'olddb'), 0,
+	'database olddb: its counters are scraped');
+ok(!defined metric($m, 'dlock_horizon_grants_blocked', 'olddb'),
+	'database olddb: no horizon series before 0.7');
+
 # c. Cardinality: 10,000 keys more.
 my $before = dlock_series($m);
 # (500 grants a statement: each keeps a lock until its transaction ends)
@@ -394,6 +416,44 @@ ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
 is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:b', '1 s')}),
 	1, '... and try_acquire grants again');
 is_deeply(\@scrape_errors, [], 'no scrape reported an error in memory mode');
+
+# Back to table mode with a 10 s lease granted in memory mode: every key
+# without a live row is held until the horizon, which dlock.observe() on a
+# fresh key does not see (no row: 'none').
+$node->safe_psql('memdb', q{SELECT * FROM dlock.try_acquire('mem:c', '10 s')});
+$granted = time();
+$exporter->kill_kill;
+$node->append_conf('postgresql.conf', "dlock.storage = table\n");
+$node->restart;
+start_exporter();
+$asked = time();
+$m = scrape();
+is(metric($m, 'dlock_extension_info', 'memdb', qq{storage="table",version="$version"}), 1,
+	'back in table mode: the storage label says table');
+is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:d', '1 s')}),
+	0, '... try_acquire of a free key returns nothing until the horizon');
+$left = metric($m, 'dlock_horizon_blocked_seconds', 'memdb') // -1;
+$bound = 10 + 1 + 1 - ($asked - $granted);
+is(metric($m, 'dlock_horizon_grants_blocked', 'memdb'), 1,
+	'... and the metric says grants are blocked');
+ok($left > 0 && $left <= $bound,
+	sprintf("... for %.1f s, no longer than the lease's TTL and the margin (<= %.1f)", $left, $bound));
+$cleared = 0;
+while (time() < $granted + 60)
+{
+	$m = scrape();
+	if ((metric($m, 'dlock_horizon_grants_blocked', 'memdb') // 1) == 0)
+	{
+		$cleared = 1;
+		last;
+	}
+	usleep(100_000);
+}
+ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
+	'then the horizon passes: not blocked, 0 s left');
+is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:d', '1 s')}),
+	1, '... and try_acquire grants again');
+is_deeply(\@scrape_errors, [], 'no scrape reported an error back in table mode');
 
 # e. The alert rules.
 my $rules = "$top/monitoring/prometheus";

@@ -23,14 +23,21 @@ GRANT pg_monitor TO dlock_exporter;
 -- name anyway).
 ALTER ROLE dlock_exporter SET search_path = pg_catalog;
 
--- dlock_horizon_timestamp_seconds and dlock_horizon_blocked_seconds read
--- memory mode's horizon.  SELECT on a sequence reads it; it cannot move it
--- (that would take UPDATE or USAGE).
+-- The dlock_horizon series read memory mode's horizon.  SELECT on a
+-- sequence reads it; it cannot move it (that would take UPDATE or USAGE).
+-- Each of the two only where the installed version has it (horizon_seq
+-- since 0.4, horizon_mark since 0.6): run this again after ALTER EXTENSION
+-- dlock UPDATE.
 DO $$
 BEGIN
 	IF EXISTS (SELECT FROM pg_catalog.pg_extension
 			   WHERE extname OPERATOR(pg_catalog.=) 'dlock') THEN
-		GRANT SELECT ON SEQUENCE dlock.horizon_seq, dlock.horizon_mark TO dlock_exporter;
+		IF pg_catalog.to_regclass('dlock.horizon_seq') IS NOT NULL THEN
+			GRANT SELECT ON SEQUENCE dlock.horizon_seq TO dlock_exporter;
+		END IF;
+		IF pg_catalog.to_regclass('dlock.horizon_mark') IS NOT NULL THEN
+			GRANT SELECT ON SEQUENCE dlock.horizon_mark TO dlock_exporter;
+		END IF;
 	END IF;
 END
 $$;
