@@ -13,6 +13,10 @@
 #    equals its column of dlock.stats's totals row read right after the
 #    scrape, and the lease and waiter gauges equal the counts of
 #    dlock.lease_status and dlock.waiters (one acquire waiting).
+#    The exporter's role cannot read a holder's owner (the capability to
+#    renew and release) from pg_stat_activity, where a renewal written with
+#    the owner as a literal leaves it; dlock_extension_preloaded is 1
+#    without pg_monitor.
 # b. A database without dlock gets dlock_extension_installed 0 and no other
 #    dlock series, and no scrape error; look-alike views that a role with
 #    CREATE on it put in a schema dlock of its own are never read.
@@ -260,6 +264,17 @@ $waiter->query_until(qr/start/, q{
 	SELECT * FROM dlock.acquire('held:w', '1 hour', wait => '5 min');
 });
 ok(sleeps_in_dlock($node, 'postgres', $wpid), 'one acquire waits for held:w');
+# a holder that renewed with its owner written into the statement, idle
+my ($holder) = backend_session($node, 'postgres');
+my $owner = $holder->query_safe(q{SELECT owner FROM dlock.try_acquire('secret:1', '1 hour')});
+chomp $owner;
+$holder->query_safe(qq{SELECT dlock.renew('secret:1', '$owner', '1 hour') IS NOT NULL});
+my $seen = q{SELECT count(*) FROM pg_stat_activity
+	WHERE pid <> pg_backend_pid() AND strpos(query, '} . $owner . q{') > 0};
+is($node->safe_psql('postgres', $seen), 1,
+	"a superuser sees the idle holder's owner in pg_stat_activity");
+is($node->safe_psql('postgres', $seen, extra_params => [ '-U', 'dlock_exporter' ]), 0,
+	"the exporter's role does not");
 
 my $m = scrape();
 my $stats = $node->safe_psql('postgres', q{
@@ -358,6 +373,7 @@ is(dlock_series($m2), $before,
 # let the waiter in, and go
 $node->safe_psql('postgres', q{SELECT dlock.forget('held:w')});
 $waiter->quit;
+$holder->quit;
 
 is_deeply(\@scrape_errors, [], 'no scrape reported an error');
 my $exlog = slurp_file($log);

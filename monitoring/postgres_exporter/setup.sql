@@ -14,10 +14,12 @@ BEGIN
 END
 $$;
 
--- The exporter's own metrics (pg_stat_*) and dlock_extension_preloaded
--- (pg_shmem_allocations) need pg_monitor; dlock's views are readable by
--- everyone.
-GRANT pg_monitor TO dlock_exporter;
+-- dlock_extension_preloaded reads shared_preload_libraries; dlock's views
+-- are readable by everyone.  Not pg_monitor: its pg_read_all_stats shows
+-- every session's last statement in pg_stat_activity, and an owner written
+-- into SQL text (psql's :'owner', a literal) is the capability to renew and
+-- release that lease (docs/operating.md, "Prometheus").
+GRANT pg_read_all_settings TO dlock_exporter;
 
 -- Nothing on the search path but the catalog (the queries qualify every
 -- name anyway).
