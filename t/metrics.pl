@@ -58,7 +58,7 @@ my $exporter_bin = $ENV{PROMETHEUS_POSTGRES_EXPORTER}
   // '/usr/bin/prometheus-postgres-exporter';
 my $promtool = $ENV{PROMTOOL} // '/usr/bin/promtool';
 
-my $node = dlock_node('metrics', conf => q{
+my $node = dlock_node('metrics', streaming => 1, conf => q{
 shared_preload_libraries = 'dlock'
 dlock.horizon_margin = '1s'
 max_connections = 40
@@ -151,40 +151,50 @@ $node->safe_psql('other', q{
 # its own; stopped when the test ends.
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $log = "$PostgreSQL::Test::Utils::tmp_check/metrics_exporter.log";
-my $exporter;
+my ($exporter, $standby_exporter);
 END
 {
 	local $?;
 	eval { $exporter->kill_kill if $exporter; };
+	eval { $standby_exporter->kill_kill if $standby_exporter; };
 }
 
+# An exporter for server $n (default $node) on port $p (default $port).
 sub start_exporter
 {
-	$exporter = IPC::Run::start(
+	my ($n, $p) = @_;
+	$n //= $node;
+	$p //= $port;
+	my $h = IPC::Run::start(
 		[
 			$exporter_bin, "--extend.query-path=$queries",
-			'--auto-discover-databases', "--web.listen-address=127.0.0.1:$port",
+			'--auto-discover-databases', "--web.listen-address=127.0.0.1:$p",
 		],
 		'<' => \undef, '>>' => $log, '2>>' => $log,
 		init => sub {
 			$ENV{DATA_SOURCE_NAME} =
-			  'host=' . $node->host . ' port=' . $node->port
+			  'host=' . $n->host . ' port=' . $n->port
 			  . ' user=dlock_exporter dbname=postgres sslmode=disable';
 		});
+	$exporter = $h if $n == $node;
+	return $h;
 }
 start_exporter();
 
 my $http = HTTP::Tiny->new(timeout => 60);
 my @scrape_errors;
 
-# One scrape: a hash of "name{label="value",...}" (labels sorted, without
-# the exporter's server label) => value.  Notes a scrape error.
+# One scrape (of the exporter on port $_[0], default $port): a hash of
+# "name{label="value",...}" (labels sorted, without the exporter's server
+# label) => value.  Notes a scrape error.
 sub scrape
 {
+	my ($p) = @_;
+	$p //= $port;
 	my $r;
 	foreach (1 .. 100)
 	{
-		$r = $http->get("http://127.0.0.1:$port/metrics");
+		$r = $http->get("http://127.0.0.1:$p/metrics");
 		last if $r->{success};
 		usleep(100_000);
 	}
@@ -431,6 +441,29 @@ ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
 	'then the horizon passes: not blocked, 0 s left');
 is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:b', '1 s')}),
 	1, '... and try_acquire grants again');
+
+# A hot standby, which grants nothing, of a database (a horizon of its own)
+# with a 30 s lease: the horizon it replays lies ahead, so observe() sees
+# every key held until then, and yet no grant waits for it there (an alert
+# on it would fire on every standby as long as the primary grants leases).
+# What a promotion now would cost is its timestamp.
+$node->safe_psql('postgres', 'CREATE DATABASE sbdb');
+$node->safe_psql('sbdb', 'CREATE EXTENSION dlock');
+$node->safe_psql('sbdb', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
+$node->safe_psql('sbdb', q{SELECT * FROM dlock.try_acquire('sb:a', '30 s')});
+$node->backup('base');
+my $standby = streaming_standby($node, 'metrics_standby');
+$node->wait_for_catchup($standby);
+my $sport = PostgreSQL::Test::Cluster::get_free_port();
+$standby_exporter = start_exporter($standby, $sport);
+my $sm = scrape($sport);
+is(metric($sm, 'dlock_horizon_grants_blocked', 'sbdb'), 0,
+	'on a hot standby: grants are not said to be blocked by the horizon');
+is(metric($sm, 'dlock_horizon_blocked_seconds', 'sbdb'), 0, '... 0 s left');
+cmp_ok(metric($sm, 'dlock_horizon_timestamp_seconds', 'sbdb') // 0, '>', time(),
+	"... while the horizon it replayed lies ahead: a promotion's wait");
+$standby_exporter->kill_kill;
+$standby->stop;
 is_deeply(\@scrape_errors, [], 'no scrape reported an error in memory mode');
 
 # Back to table mode with a 10 s lease granted in memory mode: every key
