@@ -13,15 +13,26 @@
 #    equals its column of dlock.stats's totals row read right after the
 #    scrape, and the lease and waiter gauges equal the counts of
 #    dlock.lease_status and dlock.waiters (one acquire waiting).
+#    The exporter's role cannot read a holder's owner (the capability to
+#    renew and release) from pg_stat_activity, where a renewal written with
+#    the owner as a literal leaves it; dlock_extension_preloaded is 1
+#    without pg_monitor.
 # b. A database without dlock gets dlock_extension_installed 0 and no other
 #    dlock series, and no scrape error; look-alike views that a role with
 #    CREATE on it put in a schema dlock of its own are never read.
+#    A database whose extension is still at version 0.5 (the package
+#    upgraded, ALTER EXTENSION dlock UPDATE not run yet): setup.sql runs
+#    there, its counters are scraped, it has no horizon series (no
+#    observe() before 0.7) and no query fails (0.5: no horizon_mark).
 # c. The number of dlock_* series is the same with 10 keys and with 10,010.
 # d. Memory mode: with a lease granted, the horizon lies ahead but grants are
 #    not blocked; after a restart the horizon metric says grants are blocked
 #    (try_acquire indeed returns nothing) and for how long (within the
 #    lease's TTL plus the margin), and then it clears (and try_acquire
 #    grants).
+#    Then, with a 10 s lease granted, a switch back to table mode: grants
+#    are blocked until the horizon (try_acquire returns nothing) and the
+#    metric says so, for how long, and then that they are not.
 # e. promtool check rules and promtool test rules pass on
 #    monitoring/prometheus/dlock-alerts.yml (each one assertion).
 #
@@ -47,7 +58,7 @@ my $exporter_bin = $ENV{PROMETHEUS_POSTGRES_EXPORTER}
   // '/usr/bin/prometheus-postgres-exporter';
 my $promtool = $ENV{PROMTOOL} // '/usr/bin/promtool';
 
-my $node = dlock_node('metrics', conf => q{
+my $node = dlock_node('metrics', streaming => 1, conf => q{
 shared_preload_libraries = 'dlock'
 dlock.horizon_margin = '1s'
 max_connections = 40
@@ -98,6 +109,13 @@ $node->safe_psql('postgres', q{
 });
 $node->safe_psql('postgres', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
 $node->safe_psql('other', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
+$node->safe_psql('postgres', 'CREATE DATABASE olddb');
+$node->safe_psql('olddb', q{CREATE EXTENSION dlock VERSION '0.5'});
+my ($setup_rc, $setup_out, $setup_err) = $node->psql('olddb',
+	slurp_file("$top/monitoring/postgres_exporter/setup.sql"),
+	on_error_stop => 1);
+is($setup_rc, 0, 'setup.sql runs in a database with dlock 0.5')
+  or diag $setup_err;
 # The exporter's sessions with settings that change how times and floats
 # are written: the values must not change.
 $node->safe_psql('postgres', q{
@@ -133,40 +151,50 @@ $node->safe_psql('other', q{
 # its own; stopped when the test ends.
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $log = "$PostgreSQL::Test::Utils::tmp_check/metrics_exporter.log";
-my $exporter;
+my ($exporter, $standby_exporter);
 END
 {
 	local $?;
 	eval { $exporter->kill_kill if $exporter; };
+	eval { $standby_exporter->kill_kill if $standby_exporter; };
 }
 
+# An exporter for server $n (default $node) on port $p (default $port).
 sub start_exporter
 {
-	$exporter = IPC::Run::start(
+	my ($n, $p) = @_;
+	$n //= $node;
+	$p //= $port;
+	my $h = IPC::Run::start(
 		[
 			$exporter_bin, "--extend.query-path=$queries",
-			'--auto-discover-databases', "--web.listen-address=127.0.0.1:$port",
+			'--auto-discover-databases', "--web.listen-address=127.0.0.1:$p",
 		],
 		'<' => \undef, '>>' => $log, '2>>' => $log,
 		init => sub {
 			$ENV{DATA_SOURCE_NAME} =
-			  'host=' . $node->host . ' port=' . $node->port
+			  'host=' . $n->host . ' port=' . $n->port
 			  . ' user=dlock_exporter dbname=postgres sslmode=disable';
 		});
+	$exporter = $h if $n == $node;
+	return $h;
 }
 start_exporter();
 
 my $http = HTTP::Tiny->new(timeout => 60);
 my @scrape_errors;
 
-# One scrape: a hash of "name{label="value",...}" (labels sorted, without
-# the exporter's server label) => value.  Notes a scrape error.
+# One scrape (of the exporter on port $_[0], default $port): a hash of
+# "name{label="value",...}" (labels sorted, without the exporter's server
+# label) => value.  Notes a scrape error.
 sub scrape
 {
+	my ($p) = @_;
+	$p //= $port;
 	my $r;
 	foreach (1 .. 100)
 	{
-		$r = $http->get("http://127.0.0.1:$port/metrics");
+		$r = $http->get("http://127.0.0.1:$p/metrics");
 		last if $r->{success};
 		usleep(100_000);
 	}
@@ -246,6 +274,17 @@ $waiter->query_until(qr/start/, q{
 	SELECT * FROM dlock.acquire('held:w', '1 hour', wait => '5 min');
 });
 ok(sleeps_in_dlock($node, 'postgres', $wpid), 'one acquire waits for held:w');
+# a holder that renewed with its owner written into the statement, idle
+my ($holder) = backend_session($node, 'postgres');
+my $owner = $holder->query_safe(q{SELECT owner FROM dlock.try_acquire('secret:1', '1 hour')});
+chomp $owner;
+$holder->query_safe(qq{SELECT dlock.renew('secret:1', '$owner', '1 hour') IS NOT NULL});
+my $seen = q{SELECT count(*) FROM pg_stat_activity
+	WHERE pid <> pg_backend_pid() AND strpos(query, '} . $owner . q{') > 0};
+is($node->safe_psql('postgres', $seen), 1,
+	"a superuser sees the idle holder's owner in pg_stat_activity");
+is($node->safe_psql('postgres', $seen, extra_params => [ '-U', 'dlock_exporter' ]), 0,
+	"the exporter's role does not");
 
 my $m = scrape();
 my $stats = $node->safe_psql('postgres', q{
@@ -322,6 +361,14 @@ is(scalar(grep { /^dlock_/ && /datname="other"/ } keys %$m), 3,
 is($node->safe_psql('other', 'SELECT count(*) FROM dlock.called'), 0,
 	"database other: the squatter's look-alike views in a schema dlock were never read");
 
+# The database at version 0.5.
+is(metric($m, 'dlock_extension_installed', 'olddb', 'storage="table",version="0.5"'), 1,
+	'database olddb: dlock 0.5 installed');
+is(metric($m, 'dlock_grants_total', 'olddb'), 0,
+	'database olddb: its counters are scraped');
+ok(!defined metric($m, 'dlock_horizon_grants_blocked', 'olddb'),
+	'database olddb: no horizon series before 0.7');
+
 # c. Cardinality: 10,000 keys more.
 my $before = dlock_series($m);
 # (500 grants a statement: each keeps a lock until its transaction ends)
@@ -336,6 +383,7 @@ is(dlock_series($m2), $before,
 # let the waiter in, and go
 $node->safe_psql('postgres', q{SELECT dlock.forget('held:w')});
 $waiter->quit;
+$holder->quit;
 
 is_deeply(\@scrape_errors, [], 'no scrape reported an error');
 my $exlog = slurp_file($log);
@@ -393,7 +441,68 @@ ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
 	'then the horizon passes: not blocked, 0 s left');
 is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:b', '1 s')}),
 	1, '... and try_acquire grants again');
+
+# A hot standby, which grants nothing, of a database (a horizon of its own)
+# with a 30 s lease: the horizon it replays lies ahead, so observe() sees
+# every key held until then, and yet no grant waits for it there (an alert
+# on it would fire on every standby as long as the primary grants leases).
+# What a promotion now would cost is its timestamp.
+$node->safe_psql('postgres', 'CREATE DATABASE sbdb');
+$node->safe_psql('sbdb', 'CREATE EXTENSION dlock');
+$node->safe_psql('sbdb', slurp_file("$top/monitoring/postgres_exporter/setup.sql"));
+$node->safe_psql('sbdb', q{SELECT * FROM dlock.try_acquire('sb:a', '30 s')});
+$node->backup('base');
+my $standby = streaming_standby($node, 'metrics_standby');
+$node->wait_for_catchup($standby);
+my $sport = PostgreSQL::Test::Cluster::get_free_port();
+$standby_exporter = start_exporter($standby, $sport);
+my $sm = scrape($sport);
+is(metric($sm, 'dlock_horizon_grants_blocked', 'sbdb'), 0,
+	'on a hot standby: grants are not said to be blocked by the horizon');
+is(metric($sm, 'dlock_horizon_blocked_seconds', 'sbdb'), 0, '... 0 s left');
+cmp_ok(metric($sm, 'dlock_horizon_timestamp_seconds', 'sbdb') // 0, '>', time(),
+	"... while the horizon it replayed lies ahead: a promotion's wait");
+$standby_exporter->kill_kill;
+$standby->stop;
 is_deeply(\@scrape_errors, [], 'no scrape reported an error in memory mode');
+
+# Back to table mode with a 10 s lease granted in memory mode: every key
+# without a live row is held until the horizon, which dlock.observe() on a
+# fresh key does not see (no row: 'none').
+$node->safe_psql('memdb', q{SELECT * FROM dlock.try_acquire('mem:c', '10 s')});
+$granted = time();
+$exporter->kill_kill;
+$node->append_conf('postgresql.conf', "dlock.storage = table\n");
+$node->restart;
+start_exporter();
+$asked = time();
+$m = scrape();
+is(metric($m, 'dlock_extension_info', 'memdb', qq{storage="table",version="$version"}), 1,
+	'back in table mode: the storage label says table');
+is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:d', '1 s')}),
+	0, '... try_acquire of a free key returns nothing until the horizon');
+$left = metric($m, 'dlock_horizon_blocked_seconds', 'memdb') // -1;
+$bound = 10 + 1 + 1 - ($asked - $granted);
+is(metric($m, 'dlock_horizon_grants_blocked', 'memdb'), 1,
+	'... and the metric says grants are blocked');
+ok($left > 0 && $left <= $bound,
+	sprintf("... for %.1f s, no longer than the lease's TTL and the margin (<= %.1f)", $left, $bound));
+$cleared = 0;
+while (time() < $granted + 60)
+{
+	$m = scrape();
+	if ((metric($m, 'dlock_horizon_grants_blocked', 'memdb') // 1) == 0)
+	{
+		$cleared = 1;
+		last;
+	}
+	usleep(100_000);
+}
+ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
+	'then the horizon passes: not blocked, 0 s left');
+is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:d', '1 s')}),
+	1, '... and try_acquire grants again');
+is_deeply(\@scrape_errors, [], 'no scrape reported an error back in table mode');
 
 # e. The alert rules.
 my $rules = "$top/monitoring/prometheus";

@@ -14,23 +14,32 @@ BEGIN
 END
 $$;
 
--- The exporter's own metrics (pg_stat_*) and dlock_extension_preloaded
--- (pg_shmem_allocations) need pg_monitor; dlock's views are readable by
--- everyone.
-GRANT pg_monitor TO dlock_exporter;
+-- dlock_extension_preloaded reads shared_preload_libraries; dlock's views
+-- are readable by everyone.  Not pg_monitor: its pg_read_all_stats shows
+-- every session's last statement in pg_stat_activity, and an owner written
+-- into SQL text (psql's :'owner', a literal) is the capability to renew and
+-- release that lease (docs/operating.md, "Prometheus").
+GRANT pg_read_all_settings TO dlock_exporter;
 
 -- Nothing on the search path but the catalog (the queries qualify every
 -- name anyway).
 ALTER ROLE dlock_exporter SET search_path = pg_catalog;
 
--- dlock_horizon_timestamp_seconds and dlock_horizon_blocked_seconds read
--- memory mode's horizon.  SELECT on a sequence reads it; it cannot move it
--- (that would take UPDATE or USAGE).
+-- The dlock_horizon series read memory mode's horizon.  SELECT on a
+-- sequence reads it; it cannot move it (that would take UPDATE or USAGE).
+-- Each of the two only where the installed version has it (horizon_seq
+-- since 0.4, horizon_mark since 0.6): run this again after ALTER EXTENSION
+-- dlock UPDATE.
 DO $$
 BEGIN
 	IF EXISTS (SELECT FROM pg_catalog.pg_extension
 			   WHERE extname OPERATOR(pg_catalog.=) 'dlock') THEN
-		GRANT SELECT ON SEQUENCE dlock.horizon_seq, dlock.horizon_mark TO dlock_exporter;
+		IF pg_catalog.to_regclass('dlock.horizon_seq') IS NOT NULL THEN
+			GRANT SELECT ON SEQUENCE dlock.horizon_seq TO dlock_exporter;
+		END IF;
+		IF pg_catalog.to_regclass('dlock.horizon_mark') IS NOT NULL THEN
+			GRANT SELECT ON SEQUENCE dlock.horizon_mark TO dlock_exporter;
+		END IF;
 	END IF;
 END
 $$;
