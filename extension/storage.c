@@ -185,13 +185,30 @@ table_set_slots(text *key, int32 nslots)
 	return written;
 }
 
+/*
+ * The row of key, as a grant would meet it: before the horizon of a switch
+ * back from memory mode, a key without a row is held by an unknown owner
+ * too, as in memory mode (observe() and leader() must not call it free
+ * while every grant of it is refused).
+ */
 static DlockLeaseRow *
 table_read_row(const char *key, int len)
 {
 	DlockLeaseRow *row = dlock_table_read_row(key, len);
+	DlockLease	none;
 
 	if (row != NULL)
+	{
 		dlock_horizon_table_scanned(&row->lease);
+		return row;
+	}
+	memset(&none, 0, sizeof(none));
+	dlock_horizon_table_scanned(&none);
+	if (!none.unknown)
+		return NULL;
+	row = palloc0(sizeof(DlockLeaseRow));
+	row->key = cstring_to_text_with_len(key, len);
+	row->lease = none;
 	return row;
 }
 
