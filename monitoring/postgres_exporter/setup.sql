@@ -25,6 +25,13 @@ GRANT pg_read_all_settings TO dlock_exporter;
 -- name anyway).
 ALTER ROLE dlock_exporter SET search_path = pg_catalog;
 
+-- A query slower than this fails alone (dlock_leases reads every lease
+-- row: about 2 s per million, more under load; anyone who may call
+-- try_acquire can make rows): the exporter still answers with the other
+-- metrics and counts the error.  Keep it below Prometheus's scrape_timeout
+-- (10 s by default), or the whole target is lost with one slow query.
+ALTER ROLE dlock_exporter SET statement_timeout = '5s';
+
 -- The dlock_horizon series read memory mode's horizon.  SELECT on a
 -- sequence reads it; it cannot move it (that would take UPDATE or USAGE).
 -- Each of the two only where the installed version has it (horizon_seq
