@@ -136,8 +136,13 @@ foreach my $cl (@clusters)
 	my $cdir = "$dir/$scope";
 	waitpid($pids{$scope}, 0);
 	my $label = "$mode mode, synchronous_mode $sync";
-	unless (is($? >> 8, 0, "$label: the run ended"))
+	# the whole status: a run killed by a signal (the OOM killer) has exit
+	# code 0, and no result
+	my $status = $?;
+	unless (ok($status == 0 && -f "$cdir/result", "$label: the run ended"))
 	{
+		diag $status & 127 ? 'killed by signal ' . ($status & 127)
+		  : $status ? 'exit code ' . ($status >> 8) : "no $cdir/result";
 		diag slurp_file("$cdir/died") if -f "$cdir/died";
 		foreach my $log (glob("$cdir/*.patroni.log"))
 		{
