@@ -30,7 +30,7 @@ use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(chaos_checker chaos_node crash_options run_chaos
   check_clean_run check_no_fence_run check_sabotage_run
-  children_of server_processes gone wait_gone spawn start_postmaster
+  children_of server_processes processes_in_dir gone wait_gone spawn start_postmaster
   wait_ready kill_random reap count_sqlstates crash_and_wait);
 
 #
@@ -208,13 +208,21 @@ sub children_of
 sub server_processes
 {
 	my ($node) = @_;
-	my $pgdata = Cwd::realpath($node->data_dir);
+	return processes_in_dir($node->data_dir);
+}
+
+# Processes (not zombies) whose working directory is $dir (none if $dir
+# does not exist).
+sub processes_in_dir
+{
+	my ($dir) = @_;
+	my $real = Cwd::realpath($dir) // return ();
 	my @pids;
 	opendir(my $d, '/proc') or die "cannot read /proc: $!";
 	foreach my $pid (grep { /^\d+$/ } readdir($d))
 	{
 		my $cwd = readlink("/proc/$pid/cwd");
-		push @pids, $pid if defined $cwd && $cwd eq $pgdata && !gone($pid);
+		push @pids, $pid if defined $cwd && $cwd eq $real && !gone($pid);
 	}
 	closedir($d);
 	return @pids;

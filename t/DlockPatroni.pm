@@ -37,7 +37,7 @@ use POSIX ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Time::HiRes qw(time usleep);
-use DlockFaults qw(spawn gone);
+use DlockFaults qw(spawn gone processes_in_dir);
 
 our @EXPORT = qw(start_etcd patroni_cluster run_cluster);
 
@@ -56,23 +56,6 @@ sub register
 	return;
 }
 
-# Processes (not zombies) whose working directory is $dir: a postmaster
-# and its children, also orphaned ones.
-sub processes_in
-{
-	my ($dir) = @_;
-	my $real = Cwd::realpath($dir) // return ();
-	my @pids;
-	opendir(my $d, '/proc') or return ();
-	foreach my $pid (grep { /^\d+$/ } readdir($d))
-	{
-		my $cwd = readlink("/proc/$pid/cwd");
-		push @pids, $pid if defined $cwd && $cwd eq $real && !gone($pid);
-	}
-	closedir($d);
-	return @pids;
-}
-
 # Kill everything listed in the registry: Patroni, etcd, proxies,
 # watchers, checkers, and every process left in a data directory.
 sub cleanup
@@ -87,7 +70,7 @@ sub cleanup
 	kill 'KILL', grep { !gone($_) } @pids;
 	foreach my $d (@dirs)
 	{
-		my @p = processes_in($d);
+		my @p = eval { processes_in_dir($d) };
 		kill 'KILL', @p if @p;
 	}
 	return;
@@ -364,7 +347,7 @@ use JSON::PP;
 use POSIX ();
 use PostgreSQL::Test::Utils;
 use Time::HiRes qw(time usleep);
-use DlockFaults qw(spawn gone);
+use DlockFaults qw(spawn gone processes_in_dir);
 
 # Start node $n's Patroni (again).
 sub start_patroni
@@ -759,7 +742,7 @@ sub fault
 	elsif ($kind eq 'crash')
 	{
 		# a machine crash: Patroni, the postmaster and every backend at once
-		my @pg = processes_in($l->{data});
+		my @pg = processes_in_dir($l->{data});
 		kill 'KILL', $l->{pid}, @pg;
 		waitpid($l->{pid}, 0);
 	}
@@ -818,7 +801,7 @@ sub fault
 	if ($kind eq 'zombie')
 	{
 		# what a watchdog does: the machine is reset, its Patroni rejoins
-		my @pg = processes_in($l->{data});
+		my @pg = processes_in_dir($l->{data});
 		kill 'KILL', @pg if @pg;
 		$c->start_patroni($l);
 	}

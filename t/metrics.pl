@@ -229,6 +229,27 @@ sub dlock_series
 	return scalar grep { /^dlock_/ } keys %$m;
 }
 
+# Scrape until the horizon no longer blocks grants in memdb, at most 60 s
+# after $granted (when the lease that set it was granted): then 0 s left.
+sub horizon_clears
+{
+	my ($granted) = @_;
+	my ($m, $cleared) = (undef, 0);
+	while (time() < $granted + 60)
+	{
+		$m = scrape();
+		if ((metric($m, 'dlock_horizon_grants_blocked', 'memdb') // 1) == 0)
+		{
+			$cleared = 1;
+			last;
+		}
+		usleep(100_000);
+	}
+	ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
+		'then the horizon passes: not blocked, 0 s left');
+	return;
+}
+
 # a. Under load.
 my $script = "$PostgreSQL::Test::Utils::tmp_check/metrics_load.sql";
 PostgreSQL::Test::Utils::append_to_file($script,
@@ -425,20 +446,8 @@ ok($left > 0 && $left <= $bound,
 	sprintf("... for %.1f s, no longer than the lease's TTL and the margin (<= %.1f)", $left, $bound));
 is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:b', '1 s')}),
 	0, '... and try_acquire of a free key indeed returns nothing');
-my $cleared = 0;
-# (the horizon passes about 16 s after the grant; 60 s at most)
-while (time() < $granted + 60)
-{
-	$m = scrape();
-	if ((metric($m, 'dlock_horizon_grants_blocked', 'memdb') // 1) == 0)
-	{
-		$cleared = 1;
-		last;
-	}
-	usleep(100_000);
-}
-ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
-	'then the horizon passes: not blocked, 0 s left');
+# (the horizon passes about 16 s after the grant)
+horizon_clears($granted);
 is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:b', '1 s')}),
 	1, '... and try_acquire grants again');
 
@@ -487,19 +496,7 @@ is(metric($m, 'dlock_horizon_grants_blocked', 'memdb'), 1,
 	'... and the metric says grants are blocked');
 ok($left > 0 && $left <= $bound,
 	sprintf("... for %.1f s, no longer than the lease's TTL and the margin (<= %.1f)", $left, $bound));
-$cleared = 0;
-while (time() < $granted + 60)
-{
-	$m = scrape();
-	if ((metric($m, 'dlock_horizon_grants_blocked', 'memdb') // 1) == 0)
-	{
-		$cleared = 1;
-		last;
-	}
-	usleep(100_000);
-}
-ok($cleared && metric($m, 'dlock_horizon_blocked_seconds', 'memdb') == 0,
-	'then the horizon passes: not blocked, 0 s left');
+horizon_clears($granted);
 is($node->safe_psql('memdb', q{SELECT count(*) FROM dlock.try_acquire('mem:d', '1 s')}),
 	1, '... and try_acquire grants again');
 is_deeply(\@scrape_errors, [], 'no scrape reported an error back in table mode');
