@@ -124,6 +124,14 @@ dlock_memory_state(TimestampTz *barrier, TimestampTz *horizon,
 	 */
 	if (in_recovery || !take_slot)
 	{
+		/*
+		 * A writer that took the slot since our look may have moved the
+		 * horizon already (it takes the slot first): what we read is then
+		 * its new horizon, not a barrier, and the slot knows better.
+		 */
+		if (!in_recovery &&
+			dlock_mem_db_get(dlock_objects.seq, barrier, horizon, unknown, false))
+			return;
 		*barrier = b;
 		*horizon = h;
 		memset(unknown, 0, sizeof(pg_uuid_t));
