@@ -368,6 +368,17 @@ extern void dlock_mem_db_advance(Oid seq, TimestampTz horizon,
 extern void dlock_mem_db_set_pending(Oid seq, TimestampTz pending);
 extern TimestampTz dlock_mem_db_pending(Oid seq);
 extern XLogRecPtr dlock_mem_db_horizon_lsn(Oid seq, XLogRecPtr lsn);
+extern int64 dlock_mem_draw_token(XLogRecPtr *confirm);
+
+/* A sequence as its page holds it (dlock_read_sequence_page). */
+typedef struct DlockSeqPage
+{
+	XLogRecPtr	lsn;			/* the page's LSN: its last change's WAL */
+	int64		high;			/* the highest value it may ever have
+								 * returned, the values logged ahead
+								 * included: what it restarts from after a
+								 * crash */
+} DlockSeqPage;
 
 /* durable.c */
 extern void dlock_raise_synchronous_commit(void);
@@ -375,6 +386,12 @@ extern void dlock_force_synchronous_commit(void);
 extern void dlock_confirm_lsn(XLogRecPtr lsn, bool token);
 extern int64 dlock_draw_token(void);
 extern void dlock_secure_drawn_token(void);
+extern XLogRecPtr dlock_drawn_lsn(void);
+extern void dlock_token_pages(DlockSeqPage *tok, DlockSeqPage *copy);
+extern bool dlock_token_lock(bool wait);
+extern void dlock_token_unlock(void);
+extern bool dlock_token_reserve(int64 last, DlockSeqPage *tok,
+								DlockSeqPage *copy, XLogRecPtr *confirm);
 extern bool dlock_token_issued(int64 token);
 extern bool dlock_seq_only_so_far(void);
 extern void dlock_note_seq_only(bool seq_only);
@@ -394,15 +411,6 @@ typedef struct DlockObjects
 	Oid			owner;			/* owner of dlock.leases */
 } DlockObjects;
 
-/* A sequence as its page holds it (dlock_read_sequence_page). */
-typedef struct DlockSeqPage
-{
-	XLogRecPtr	lsn;			/* the page's LSN: its last change's WAL */
-	int64		high;			/* the highest value it may ever have
-								 * returned, the values logged ahead
-								 * included: what it restarts from after a
-								 * crash */
-} DlockSeqPage;
 
 extern DlockObjects dlock_objects;
 extern uint64 dlock_objects_generation;

@@ -247,6 +247,82 @@ dlock_draw_token(void)
 }
 
 /*
+ * Memory mode's blocks of tokens (memstore.c keeps the block, per database).
+ * Drawing one token at a time from dlock.token_seq costs a sequence update
+ * per grant and a WAL flush (and, with synchronous standbys, a round trip)
+ * every 32 grants, the sequence's log-ahead, which every grant whose token
+ * that record covers waits for.  Instead, memory mode reserves a block of
+ * tokens at once: both sequences are set to the block's last token, that
+ * WAL is flushed and confirmed, and only then are its tokens handed out
+ * from shared memory.  After a crash or a failover the sequences restart
+ * past the whole block, so no token is reissued, as with the log-ahead.
+ *
+ * The block is trusted only while both sequences' pages still carry the
+ * LSNs its reservation left there: anyone else's setval (a restore of
+ * fence_seq, the counter set back by hand) or nextval after it changes
+ * them, and the next draw reserves afresh from what the sequences say
+ * (memstore.c).  The reservation takes the same lock as the moves in
+ * dlock_draw_token.
+ */
+
+/* The pages of dlock.token_seq and of its copy dlock.fence_seq (0.6). */
+void
+dlock_token_pages(DlockSeqPage *tok, DlockSeqPage *copy)
+{
+	dlock_read_sequence_page(dlock_objects.token, tok);
+	dlock_read_sequence_page(dlock_objects.seq, copy);
+}
+
+/*
+ * Take the lock under which the sequences are moved (without waiting
+ * unless wait); false if it is busy.
+ */
+bool
+dlock_token_lock(bool wait)
+{
+	if (!wait)
+		return ConditionalLockRelationOid(dlock_objects.seq,
+										  ShareUpdateExclusiveLock);
+	LockRelationOid(dlock_objects.seq, ShareUpdateExclusiveLock);
+	return true;
+}
+
+void
+dlock_token_unlock(void)
+{
+	UnlockRelationOid(dlock_objects.seq, ShareUpdateExclusiveLock);
+}
+
+/*
+ * Reserve every token up to last: set dlock.token_seq and its copy to last,
+ * flush that WAL and wait for today's synchronous standbys to have it.
+ * Call with dlock_token_lock held, and last above what both may have
+ * returned.  *tok and *copy are the pages as the reservation left them,
+ * *confirm the WAL that covers the block.  False when either sequence does
+ * not stand at last afterwards: someone else set it meanwhile, and the
+ * block must not be used.
+ */
+bool
+dlock_token_reserve(int64 last, DlockSeqPage *tok, DlockSeqPage *copy,
+					XLogRecPtr *confirm)
+{
+	dlock_set_sequence(dlock_objects.token, last);
+	dlock_set_sequence(dlock_objects.seq, last);
+	dlock_token_pages(tok, copy);
+	*confirm = Max(tok->lsn, copy->lsn);
+	dlock_raise_synchronous_commit();
+	dlock_confirm_lsn(*confirm, true);
+	return tok->high == last && copy->high == last;
+}
+
+/* The WAL that covers the token dlock_draw_token drew last. */
+XLogRecPtr
+dlock_drawn_lsn(void)
+{
+	return drawn_lsn;
+}
+
+/*
  * Can token have been issued: is it at most the highest token the counter
  * may ever have returned (its values logged ahead included)?  A token above
  * that was never issued, whatever a lease row says (fence.c).  The highest

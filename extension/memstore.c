@@ -125,6 +125,17 @@ typedef struct MemDatabase
 	int32		nentries;		/* its entries in the hash */
 	TimestampTz last_used;		/* its last grant or renewal began (idle_slot) */
 	pg_uuid_t	unknown_owner;
+	/* its block of tokens (dlock_mem_draw_token) */
+	Oid			tok_seq;		/* the token sequence reserved from; none:
+								 * InvalidOid */
+	int64		tok_next;		/* the next token to hand out */
+	int64		tok_last;		/* the last token reserved */
+	XLogRecPtr	tok_lsn;		/* the token sequence's page LSN and its
+								 * copy's, as the reservation left them */
+	XLogRecPtr	tok_copy_lsn;
+	XLogRecPtr	tok_confirm;	/* the reservation's WAL */
+	int			tok_refiller;	/* pgprocno + 1 of the backend reserving
+								 * more; 0: none */
 } MemDatabase;
 
 typedef struct MemShared
@@ -1216,6 +1227,8 @@ fill_slot(MemDatabase *slot, Oid seq, TimestampTz barrier,
 	slot->nentries = 0;
 	slot->last_used = 0;
 	slot->unknown_owner = *unknown;
+	slot->tok_seq = InvalidOid;
+	slot->tok_refiller = 0;
 }
 
 /*
@@ -1437,4 +1450,236 @@ dlock_mem_db_horizon_lsn(Oid seq, XLogRecPtr lsn)
 	}
 	SpinLockRelease(&mem->mutex);
 	return result;
+}
+
+/* ---------------------------------------------------------------------
+ * The database's block of fencing tokens (see durable.c)
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Tokens reserved at once.  A block costs one WAL flush (and, with
+ * synchronous standbys, one round trip) and is reserved again when half of
+ * it is left, so the grants that follow never wait for that; a restart
+ * skips what was left of it.
+ */
+#define MEM_TOKEN_BLOCK		1024
+
+typedef enum TokenTake
+{
+	TOKEN_TAKEN,				/* a token from the block */
+	TOKEN_TAKEN_LOW,			/* ... and it is time to reserve more */
+	TOKEN_NONE,					/* no block, used up, or no longer trusted */
+	TOKEN_NO_SLOT				/* the database has no slot */
+} TokenTake;
+
+/* The slot whose refill this backend is doing, for refill_exit. */
+static MemDatabase *refilling_slot = NULL;
+
+/*
+ * Take the next token of this database's block for token sequence tokseq,
+ * if the sequences' pages still say what the block's reservation left
+ * there (tok_lsn and copy_lsn, read by the caller).  While a backend
+ * reserves more, the pages change under the block on purpose and the
+ * block is trusted as it stands.
+ */
+static TokenTake
+take_token(Oid seq, Oid tokseq, XLogRecPtr tok_lsn, XLogRecPtr copy_lsn,
+		   int64 *token, XLogRecPtr *confirm)
+{
+	MemDatabase *d = find_slot(seq);
+	TokenTake	r = TOKEN_NO_SLOT;
+
+	if (d == NULL)
+		return r;
+	SpinLockAcquire(&mem->mutex);
+	if (d->db == MyDatabaseId && d->seq == seq)
+	{
+		r = TOKEN_NONE;
+		if (d->tok_seq == tokseq && d->tok_next <= d->tok_last &&
+			(d->tok_refiller != 0 ||
+			 (d->tok_lsn == tok_lsn && d->tok_copy_lsn == copy_lsn)))
+		{
+			*token = d->tok_next++;
+			*confirm = d->tok_confirm;
+			r = d->tok_refiller == 0 &&
+				d->tok_last - d->tok_next < MEM_TOKEN_BLOCK / 2 ?
+				TOKEN_TAKEN_LOW : TOKEN_TAKEN;
+		}
+	}
+	SpinLockRelease(&mem->mutex);
+	return r;
+}
+
+/* End this backend's refill of slot d: publish the block, or drop it. */
+static void
+end_refill(MemDatabase *d, Oid seq, Oid tokseq, bool ok, bool extend,
+		   int64 first, int64 last, const DlockSeqPage *tok,
+		   const DlockSeqPage *copy, XLogRecPtr confirm)
+{
+	SpinLockAcquire(&mem->mutex);
+	if (d->db == MyDatabaseId && d->seq == seq &&
+		d->tok_refiller == MyProc->pgprocno + 1)
+	{
+		d->tok_refiller = 0;
+		if (!ok)
+			d->tok_seq = InvalidOid;
+		else
+		{
+			if (!extend)
+				d->tok_next = first;
+			d->tok_seq = tokseq;
+			d->tok_last = last;
+			d->tok_lsn = tok->lsn;
+			d->tok_copy_lsn = copy->lsn;
+			d->tok_confirm = confirm;
+		}
+	}
+	SpinLockRelease(&mem->mutex);
+	refilling_slot = NULL;
+}
+
+/* A backend that exits in the middle of a refill (FATAL) drops the block. */
+static void
+refill_exit(int code, Datum arg)
+{
+	if (refilling_slot != NULL)
+		end_refill(refilling_slot, refilling_slot->seq, InvalidOid, false,
+				   false, 0, 0, NULL, NULL, InvalidXLogRecPtr);
+}
+
+/*
+ * dlock_token_reserve, for the refill of slot d; an error drops the block
+ * (end_refill) and goes on.
+ */
+static bool
+reserve(MemDatabase *d, Oid seq, int64 last, DlockSeqPage *tok,
+		DlockSeqPage *copy, XLogRecPtr *confirm)
+{
+	bool		ok = false;
+
+	PG_TRY();
+	{
+		ok = dlock_token_reserve(last, tok, copy, confirm);
+	}
+	PG_CATCH();
+	{
+		end_refill(d, seq, InvalidOid, false, false, 0, 0, NULL, NULL,
+				   InvalidXLogRecPtr);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	return ok;
+}
+
+/*
+ * Reserve more tokens for this database: extend the block when the
+ * sequences stand where its reservation left them (ahead: only then),
+ * else start a new one past whatever either sequence may have returned.
+ * The caller holds dlock_token_lock.  Returns whether a block was
+ * published.
+ */
+static bool
+refill(Oid seq, Oid tokseq, bool ahead)
+{
+	static bool exit_registered = false;
+	MemDatabase *d = find_slot(seq);
+	DlockSeqPage tok;
+	DlockSeqPage copy;
+	XLogRecPtr	confirm = InvalidXLogRecPtr;
+	bool		extend;
+	bool		ok;
+	int64		base;
+
+	if (d == NULL)
+		return false;
+	if (!exit_registered)
+	{
+		before_shmem_exit(refill_exit, (Datum) 0);
+		exit_registered = true;
+	}
+	dlock_token_pages(&tok, &copy);
+	SpinLockAcquire(&mem->mutex);
+	if (d->db != MyDatabaseId || d->seq != seq)
+	{
+		SpinLockRelease(&mem->mutex);
+		return false;
+	}
+	extend = d->tok_seq == tokseq && d->tok_lsn == tok.lsn &&
+		d->tok_copy_lsn == copy.lsn && d->tok_last == tok.high &&
+		d->tok_last == copy.high;
+	if (ahead && !extend)
+	{
+		/* the drawers' check will find it untrusted and start anew */
+		SpinLockRelease(&mem->mutex);
+		return false;
+	}
+	if (!extend)
+		d->tok_seq = InvalidOid;
+	base = extend ? d->tok_last : Max(tok.high, copy.high);
+	d->tok_refiller = MyProc->pgprocno + 1;
+	refilling_slot = d;
+	SpinLockRelease(&mem->mutex);
+
+	ok = reserve(d, seq, base + MEM_TOKEN_BLOCK, &tok, &copy, &confirm);
+	end_refill(d, seq, tokseq, ok, extend, base + 1, base + MEM_TOKEN_BLOCK,
+			   &tok, &copy, confirm);
+	return ok;
+}
+
+/*
+ * Draw a fencing token for a memory grant from this database's block,
+ * reserving more when needed; *confirm is the WAL to confirm under today's
+ * settings before the token is shown (durable.c).  Without a slot, or
+ * before 0.6, one token is drawn from the sequence.
+ */
+int64
+dlock_mem_draw_token(XLogRecPtr *confirm)
+{
+	Oid			seq = dlock_objects.seq;
+	Oid			tokseq = dlock_objects.token;
+
+	while (OidIsValid(tokseq))
+	{
+		DlockSeqPage tok;
+		DlockSeqPage copy;
+		int64		token = 0;
+		TokenTake	r;
+
+		dlock_token_pages(&tok, &copy);
+		r = take_token(seq, tokseq, tok.lsn, copy.lsn, &token, confirm);
+		if (r == TOKEN_TAKEN_LOW && dlock_token_lock(false))
+		{
+			/* this grant reserves the next half ahead of the others */
+			(void) refill(seq, tokseq, true);
+			dlock_token_unlock();
+		}
+		if (r == TOKEN_TAKEN || r == TOKEN_TAKEN_LOW)
+			return token;
+		if (r == TOKEN_NO_SLOT)
+			break;
+
+		/* wait for a refill in flight, then look again, or refill */
+		(void) dlock_token_lock(true);
+		dlock_token_pages(&tok, &copy);
+		r = take_token(seq, tokseq, tok.lsn, copy.lsn, &token, confirm);
+		if (r == TOKEN_NONE && refill(seq, tokseq, false))
+		{
+			dlock_token_pages(&tok, &copy);
+			r = take_token(seq, tokseq, tok.lsn, copy.lsn, &token, confirm);
+		}
+		dlock_token_unlock();
+		if (r == TOKEN_TAKEN || r == TOKEN_TAKEN_LOW)
+			return token;
+		if (r == TOKEN_NO_SLOT)
+			break;
+		/* somebody set a sequence meanwhile: start over */
+		CHECK_FOR_INTERRUPTS();
+	}
+	{
+		int64		token = dlock_draw_token();
+
+		*confirm = dlock_drawn_lsn();
+		return token;
+	}
 }

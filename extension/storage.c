@@ -290,6 +290,7 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
 	bool		seq_only;
+	XLogRecPtr	token_lsn;
 
 	dlock_check_writable();
 	/* the table's lock, kept: a DROP EXTENSION waits for this transaction */
@@ -300,9 +301,9 @@ memory_grant(text *key, TimestampTz now, TimestampTz end,
 
 	if (!dlock_secure_horizon(end + opts->lock_delay))
 		return false;			/* every key is held until the new barrier */
-	lease->fence = dlock_draw_token();
+	lease->fence = dlock_mem_draw_token(&token_lsn);
 	dlock_raise_synchronous_commit();
-	dlock_secure_drawn_token();
+	dlock_confirm_lsn(token_lsn, true);
 
 	dlock_mem_write(k, len, lease, opts);
 
