@@ -3,13 +3,17 @@
  * one client to the next, and what the waiting costs.
  *
  *	handoff --waiters W [--seconds S] [--hold-ms H] [--key K] [--idle-s I]
+ *	        [--advisory]
  *
- * Forks W + 1 clients (one holds, W wait), each with its own connection
+ * Forks W + 1 clients (one holds, W wait; W = 0: one client alone, whose
+ * releases never wake anyone, the baseline of a release's cost), each with its own connection
  * (libpq's PG* environment).  Each loops for S seconds: acquire K (ttl 10 s,
  * no wait limit), hold it H ms (sleeping on the client), release it.  With
  * I > 0, first the parent holds K for I seconds while all clients wait in
  * acquire, and the waiting backends' CPU over that time is measured.
- * Prints "name value" lines (see bench/README.md); times come from
+ * Prints "name value" lines (see bench/README.md): among them release_p50_ms
+ * (release sent to returned) and handoff_from_sent_p50_ms (a release sent
+ * to the next client's grant returned); times come from
  * CLOCK_MONOTONIC, which all processes of the machine share.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -29,8 +33,15 @@
 
 #include <libpq-fe.h>
 
-#define ACQUIRE_SQL "SELECT owner, fence FROM dlock.acquire($1, '10s')"
-#define RELEASE_SQL "SELECT dlock.release($1, $2)"
+#define ACQUIRE_SQL (advisory ? \
+	"SELECT 'advisory', 0 FROM (SELECT pg_advisory_lock(hashtext($1))) AS l" : \
+	"SELECT owner, fence FROM dlock.acquire($1, '10s')")
+#define RELEASE_SQL (advisory ? \
+	"SELECT pg_advisory_unlock(hashtext($1)) AND $2::text IS NOT NULL" : \
+	"SELECT dlock.release($1, $2)")
+
+/* --advisory: the same with pg_advisory_lock, the baseline of a hand-off */
+static int	advisory = 0;
 
 enum
 {
@@ -44,10 +55,10 @@ typedef struct Msg
 	long		value;
 } Msg;
 
-/* one cycle: acquire sent, grant returned, release returned (ns) */
+/* one cycle: acquire sent, grant returned, release sent, release returned (ns) */
 typedef struct Rec
 {
-	int64_t		t0, t1, t2;
+	int64_t		t0, t1, tr, t2;
 	int			worker;
 } Rec;
 
@@ -131,6 +142,7 @@ cycle(int id, PGconn *conn, const char *key, double hold_ms, Rec *r)
 	PQclear(res);
 	sleep_ms(hold_ms);
 	params[1] = owner;
+	r->tr = now_ns();
 	res = PQexecPrepared(conn, "rel", 2, params, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK ||
 		strcmp(PQgetvalue(res, 0, 0), "t") != 0)
@@ -320,6 +332,7 @@ main(int argc, char **argv)
 		{"hold-ms", required_argument, NULL, 'h'},
 		{"key", required_argument, NULL, 'k'},
 		{"idle-s", required_argument, NULL, 'i'},
+		{"advisory", no_argument, &advisory, 1},
 		{NULL, 0, NULL, 0}
 	};
 	int			waiters = 1, c;
@@ -329,7 +342,7 @@ main(int argc, char **argv)
 	int		   *fds;
 	size_t		n = 0, nho = 0, regrants = 0, negative = 0;
 	Rec		   *recs;
-	double	   *waits, *ho, ho_sum = 0, cpu0, cpu1, wall;
+	double	   *waits, *ho, *hos, *rel, ho_sum = 0, cpu0, cpu1, wall;
 	int64_t		start, end, min_t0 = INT64_MAX;
 	size_t		overtakes = 0;
 	struct rusage ru;
@@ -343,12 +356,13 @@ main(int argc, char **argv)
 			case 'h': hold_ms = atof(optarg); break;
 			case 'k': key = optarg; break;
 			case 'i': idle_s = atof(optarg); break;
+			case 0: break;
 			default:
-				fprintf(stderr, "usage: handoff --waiters W [--seconds S] [--hold-ms H] [--key K] [--idle-s I]\n");
+				fprintf(stderr, "usage: handoff --waiters W [--seconds S] [--hold-ms H] [--key K] [--idle-s I] [--advisory]\n");
 				return 2;
 		}
 	}
-	if (waiters < 1 || waiters > 500 || seconds <= 0 || hold_ms < 0 || idle_s < 0)
+	if (waiters < 0 || waiters > 500 || seconds <= 0 || hold_ms < 0 || idle_s < 0)
 	{
 		fprintf(stderr, "handoff: bad arguments\n");
 		return 2;
@@ -406,6 +420,8 @@ main(int argc, char **argv)
 	recs = malloc((n + 1) * sizeof(Rec));
 	waits = malloc((n + 1) * sizeof(double));
 	ho = malloc((n + 1) * sizeof(double));
+	hos = malloc((n + 1) * sizeof(double));
+	rel = malloc((n + 1) * sizeof(double));
 	for (size_t i = 0, got = 0; i < (size_t) nclients; got += counts[i++])
 		if (pread(fds[i], recs + got, counts[i] * sizeof(Rec), 0) !=
 			(ssize_t) (counts[i] * sizeof(Rec)))
@@ -414,6 +430,7 @@ main(int argc, char **argv)
 	for (size_t i = 0; i < n; i++)
 	{
 		waits[i] = (recs[i].t1 - recs[i].t0) / 1e6;
+		rel[i] = (recs[i].t2 - recs[i].tr) / 1e6;
 		if (i == 0)
 			continue;
 		if (recs[i].worker == recs[i - 1].worker)
@@ -421,6 +438,7 @@ main(int argc, char **argv)
 			regrants++;			/* not a hand-off: it took its own key back */
 			continue;
 		}
+		hos[nho] = (recs[i].t1 - recs[i - 1].tr) / 1e6;
 		ho[nho] = (recs[i].t1 - recs[i - 1].t2) / 1e6;
 		negative += ho[nho] < 0;
 		ho_sum += ho[nho++];
@@ -438,6 +456,8 @@ main(int argc, char **argv)
 	}
 	qsort(waits, n, sizeof(double), cmp_double);
 	qsort(ho, nho, sizeof(double), cmp_double);
+	qsort(hos, nho, sizeof(double), cmp_double);
+	qsort(rel, n, sizeof(double), cmp_double);
 	wall = (end - start) / 1e9;
 
 	printf("clients %d\n", nclients);
@@ -450,6 +470,10 @@ main(int argc, char **argv)
 	printf("handoff_p50_ms %.3f\n", pct(ho, nho, 0.50));
 	printf("handoff_p99_ms %.3f\n", pct(ho, nho, 0.99));
 	printf("handoff_max_ms %.3f\n", pct(ho, nho, 1.0));
+	printf("handoff_from_sent_p50_ms %.3f\n", pct(hos, nho, 0.50));
+	printf("handoff_from_sent_p99_ms %.3f\n", pct(hos, nho, 0.99));
+	printf("release_p50_ms %.3f\n", pct(rel, n, 0.50));
+	printf("release_p99_ms %.3f\n", pct(rel, n, 0.99));
 	printf("wait_p50_ms %.3f\n", pct(waits, n, 0.50));
 	printf("wait_p99_ms %.3f\n", pct(waits, n, 0.99));
 	printf("wait_max_ms %.3f\n", pct(waits, n, 1.0));

@@ -25,7 +25,8 @@
  *					the barrier in table mode after a switch back
  *	leasetable.c	the rows of dlock.leases, read and written with heap calls
  *	memstore.c		memory mode's shared hash of leases, its transaction
- *					overlay, and its per-database slots
+ *					overlay, and its per-database slots (with their
+ *					blocks of tokens)
  *	durable.c		tokens (drawn, made durable, judged issued), WAL
  *					confirmed by the synchronous standbys, commit modes
  *	objects.c		the extension's relations found through pg_depend, its

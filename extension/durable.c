@@ -8,7 +8,8 @@
  *
  * Tokens.  A token is made durable before it is returned, committed or
  * not: the sequence's WAL record that covers it is flushed and, with
- * synchronous standbys, confirmed by them (dlock_secure_drawn_token).
+ * synchronous standbys, confirmed by them (dlock_secure_drawn_token); in
+ * memory mode, the WAL of the block it comes from (dlock_token_reserve).
  *
  * Commit mode.  A grant or renewal in table mode forces its transaction's
  * commit to be synchronous, so a lease that was returned survives a crash;

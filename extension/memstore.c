@@ -46,9 +46,13 @@
  * reclaim of a dropped database's entries and slot all change them under
  * the same locks.
  *
+ * Each slot also holds the database's block of fencing tokens
+ * (dlock_mem_draw_token; durable.c reserves it from the sequences).
+ *
  * Owns: the shared struct "dlock memory", the hash "dlock memory leases"
- * and their locks; the transaction's overlay.  Calls liveness.c (has an
- * entry's lease ended?), common.c and settings.
+ * and their locks; the transaction's overlay; the blocks of tokens.  Calls
+ * durable.c (reserving tokens), liveness.c (has an entry's lease ended?),
+ * common.c and settings.
  *
  *-------------------------------------------------------------------------
  */
