@@ -20,7 +20,8 @@
 #    parseable, with keys and holders quoted and escaped, carrying the
 #    tokens of the grants, and nothing before it is set; with
 #    dlock.stats_max = 100, 300 keys leave at most 100 key rows, the most
-#    active key keeps its row and the totals still count every grant.
+#    active key keeps its row, so do 20 keys used three times each (only
+#    keys used once are evicted), and the totals still count every grant.
 # c. Waiting: 20 waiters queued one after another on one key sleep without
 #    using CPU (read from /proc) and are granted in exactly their arrival
 #    order as each releases in turn; the release-to-grant hand-offs (of
@@ -427,9 +428,11 @@ is($ours[0]{holder}, qq{h "1"\\}, 'b3: the holder is quoted and escaped too');
 is( join(' ', map { $_->{session_bound} } grep { $_->{event} =~ /grant|takeover/ } @ours),
 	'false true false false', 'b3: grants say whether they are session-bound');
 
-# b4. dlock.stats_max = 100: one busy key, then 300 keys touched once.  At
-# most 100 keys keep rows, the busy one among them, and the totals still
-# count every grant.
+# b4. dlock.stats_max = 100: one busy key and 20 warm keys (used three
+# times each), then 300 keys touched once.  At most 100 keys keep rows,
+# the busy and the warm ones among them (evictions, 10 keys each, take the
+# least active: only cold keys, though the usage of all decays meanwhile),
+# and the totals still count every grant.
 $node->safe_psql('postgres', 'CREATE DATABASE evict');
 $node->safe_psql('evict', 'CREATE EXTENSION dlock');
 $node->safe_psql('evict', q{
@@ -437,6 +440,11 @@ $node->safe_psql('evict', q{
 	BEGIN
 		FOR i IN 1 .. 50 LOOP
 			PERFORM dlock.try_acquire('hot', '1 hour');
+		END LOOP;
+		FOR w IN 1 .. 20 LOOP
+			FOR i IN 1 .. 3 LOOP
+				PERFORM dlock.try_acquire('warm-' || w, '1 hour');
+			END LOOP;
 		END LOOP;
 	END $$;
 });
@@ -452,8 +460,12 @@ is( $node->safe_psql('evict', q{
 		SELECT acquired || ' ' || contended FROM dlock.stats WHERE key = 'hot'}),
 	'1 49', 'b4: the busiest key kept its row');
 is( $node->safe_psql('evict', q{
+		SELECT count(*) FROM dlock.stats
+		WHERE key LIKE 'warm-%' AND acquired = 1 AND contended = 2}),
+	'20', 'b4: so did every key used three times: only keys used once were evicted');
+is( $node->safe_psql('evict', q{
 		SELECT acquired || ' ' || contended FROM dlock.stats WHERE key IS NULL}),
-	'301 49', 'b4: the totals count every grant, evicted keys included');
+	'321 89', 'b4: the totals count every grant, evicted keys included');
 
 #
 # c. FIFO and hand-off latency: 20 waiters queue one after another.
