@@ -392,7 +392,8 @@ extern void dlock_token_pages(DlockSeqPage *tok, DlockSeqPage *copy);
 extern bool dlock_token_lock(bool wait);
 extern void dlock_token_unlock(void);
 extern bool dlock_token_reserve(int64 last, DlockSeqPage *tok,
-								DlockSeqPage *copy, XLogRecPtr *confirm);
+								DlockSeqPage *copy);
+extern void dlock_token_confirm(XLogRecPtr lsn);
 extern bool dlock_token_issued(int64 token);
 extern bool dlock_seq_only_so_far(void);
 extern void dlock_note_seq_only(bool seq_only);

@@ -295,25 +295,32 @@ dlock_token_unlock(void)
 }
 
 /*
- * Reserve every token up to last: set dlock.token_seq and its copy to last,
- * flush that WAL and wait for today's synchronous standbys to have it.
+ * Reserve every token up to last: set dlock.token_seq and its copy to last.
  * Call with dlock_token_lock held, and last above what both may have
- * returned.  *tok and *copy are the pages as the reservation left them,
- * *confirm the WAL that covers the block.  False when either sequence does
- * not stand at last afterwards: someone else set it meanwhile, and the
- * block must not be used.
+ * returned.  *tok and *copy are the pages as the reservation left them;
+ * the block may be used once the WAL up to the later of their LSNs is
+ * confirmed (dlock_token_confirm).  False when either sequence does not
+ * stand at last afterwards: someone else set it meanwhile, and the block
+ * must not be used.
  */
 bool
-dlock_token_reserve(int64 last, DlockSeqPage *tok, DlockSeqPage *copy,
-					XLogRecPtr *confirm)
+dlock_token_reserve(int64 last, DlockSeqPage *tok, DlockSeqPage *copy)
 {
 	dlock_set_sequence(dlock_objects.token, last);
 	dlock_set_sequence(dlock_objects.seq, last);
 	dlock_token_pages(tok, copy);
-	*confirm = Max(tok->lsn, copy->lsn);
-	dlock_raise_synchronous_commit();
-	dlock_confirm_lsn(*confirm, true);
 	return tok->high == last && copy->high == last;
+}
+
+/*
+ * Flush the WAL of a reservation (up to lsn) and wait for today's
+ * synchronous standbys to have it.
+ */
+void
+dlock_token_confirm(XLogRecPtr lsn)
+{
+	dlock_raise_synchronous_commit();
+	dlock_confirm_lsn(lsn, true);
 }
 
 /* The WAL that covers the token dlock_draw_token drew last. */

@@ -140,6 +140,9 @@ typedef struct MemDatabase
 	XLogRecPtr	tok_confirm;	/* the reservation's WAL */
 	int			tok_refiller;	/* pgprocno + 1 of the backend reserving
 								 * more; 0: none */
+	bool		tok_moved;		/* it has moved the sequences, to ... */
+	XLogRecPtr	tok_moved_lsn;	/* ... these pages' LSNs (see take_token) */
+	XLogRecPtr	tok_moved_copy_lsn;
 } MemDatabase;
 
 typedef struct MemShared
@@ -1233,6 +1236,7 @@ fill_slot(MemDatabase *slot, Oid seq, TimestampTz barrier,
 	slot->unknown_owner = *unknown;
 	slot->tok_seq = InvalidOid;
 	slot->tok_refiller = 0;
+	slot->tok_moved = false;
 }
 
 /*
@@ -1484,8 +1488,11 @@ static MemDatabase *refilling_slot = NULL;
  * Take the next token of this database's block for token sequence tokseq,
  * if the sequences' pages still say what the block's reservation left
  * there (tok_lsn and copy_lsn, read by the caller).  While a backend
- * reserves more, the pages change under the block on purpose and the
- * block is trusted as it stands.
+ * extends the block, its tokens are still good, and the pages may also say
+ * what that backend's move of the sequences left there; but anybody else's
+ * change (a restore raising fence_seq) is noticed at once, even while the
+ * refill waits for the synchronous standbys: the caller then waits for the
+ * refill to end, and starts a new block past what the sequences say.
  */
 static TokenTake
 take_token(Oid seq, Oid tokseq, XLogRecPtr tok_lsn, XLogRecPtr copy_lsn,
@@ -1501,8 +1508,10 @@ take_token(Oid seq, Oid tokseq, XLogRecPtr tok_lsn, XLogRecPtr copy_lsn,
 	{
 		r = TOKEN_NONE;
 		if (d->tok_seq == tokseq && d->tok_next <= d->tok_last &&
-			(d->tok_refiller != 0 ||
-			 (d->tok_lsn == tok_lsn && d->tok_copy_lsn == copy_lsn)))
+			((d->tok_lsn == tok_lsn && d->tok_copy_lsn == copy_lsn) ||
+			 (d->tok_refiller != 0 && d->tok_moved &&
+			  d->tok_moved_lsn == tok_lsn &&
+			  d->tok_moved_copy_lsn == copy_lsn)))
 		{
 			*token = d->tok_next++;
 			*confirm = d->tok_confirm;
@@ -1526,6 +1535,7 @@ end_refill(MemDatabase *d, Oid seq, Oid tokseq, bool ok, bool extend,
 		d->tok_refiller == MyProc->pgprocno + 1)
 	{
 		d->tok_refiller = 0;
+		d->tok_moved = false;
 		if (!ok)
 			d->tok_seq = InvalidOid;
 		else
@@ -1553,8 +1563,9 @@ refill_exit(int code, Datum arg)
 }
 
 /*
- * dlock_token_reserve, for the refill of slot d; an error drops the block
- * (end_refill) and goes on.
+ * Move the sequences to last for the refill of slot d (dlock_token_reserve),
+ * tell the drawers what that left on the pages, and confirm it; an error
+ * drops the block (end_refill) and goes on.
  */
 static bool
 reserve(MemDatabase *d, Oid seq, int64 last, DlockSeqPage *tok,
@@ -1564,7 +1575,21 @@ reserve(MemDatabase *d, Oid seq, int64 last, DlockSeqPage *tok,
 
 	PG_TRY();
 	{
-		ok = dlock_token_reserve(last, tok, copy, confirm);
+		ok = dlock_token_reserve(last, tok, copy);
+		*confirm = Max(tok->lsn, copy->lsn);
+		if (ok)
+		{
+			SpinLockAcquire(&mem->mutex);
+			if (d->db == MyDatabaseId && d->seq == seq &&
+				d->tok_refiller == MyProc->pgprocno + 1)
+			{
+				d->tok_moved = true;
+				d->tok_moved_lsn = tok->lsn;
+				d->tok_moved_copy_lsn = copy->lsn;
+			}
+			SpinLockRelease(&mem->mutex);
+			dlock_token_confirm(*confirm);
+		}
 	}
 	PG_CATCH();
 	{
@@ -1622,6 +1647,7 @@ refill(Oid seq, Oid tokseq, bool ahead)
 		d->tok_seq = InvalidOid;
 	base = extend ? d->tok_last : Max(tok.high, copy.high);
 	d->tok_refiller = MyProc->pgprocno + 1;
+	d->tok_moved = false;
 	refilling_slot = d;
 	SpinLockRelease(&mem->mutex);
 
