@@ -72,9 +72,14 @@ local $ENV{TMPDIR} = $tmp;
 local $ENV{HOME} = $tmp;
 local $ENV{PYTHONDONTWRITEBYTECODE} = 1;
 my ($stdout, $stderr) = ('', '');
-my $h = IPC::Run::run([ $python, "$src/tests/run_cases.py", $results ],
-	'<' => \undef, '>' => \$stdout, '2>' => \$stderr);
-my $rc = $?;
+# (bounded: a case that hangs fails the test instead of holding up the
+# whole suite)
+my $rc = eval {
+	IPC::Run::run([ $python, "$src/tests/run_cases.py", $results ],
+		'<' => \undef, '>' => \$stdout, '2>' => \$stderr,
+		IPC::Run::timeout(600));
+	$?;
+} // do { $stderr .= "run_cases.py: $@"; 1 };
 
 my $cases = 0;
 if (-e $results)
