@@ -3,6 +3,7 @@ case to the file named by argv[1]: "ok<TAB>name<TAB>seconds" or
 "not ok<TAB>name<TAB>seconds<TAB>why" (t/client_python.pl makes each a TAP
 assertion).  Exits 0 when every case passed."""
 import os
+import signal
 import sys
 import time
 import unittest
@@ -43,6 +44,11 @@ class Result(unittest.TextTestResult):
 
 
 def main():
+    # The cancel tests interrupt the main thread with SIGINT, as Ctrl-C
+    # would.  A process started in the background by a shell without job
+    # control inherits SIGINT ignored, and Python then installs no handler:
+    # the interrupt would be lost and a long poll would wait for ever.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
     with open(sys.argv[1], "w") as out:
